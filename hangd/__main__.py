@@ -1,0 +1,5 @@
+import sys
+
+from hangd.cli import main
+
+sys.exit(main())

@@ -1,0 +1,417 @@
+"""What the snapshots say over a short window: the node's recent history and per-process signals.
+
+Everything here is computed from snapshots only (no /proc, no NVML), so a live node and a
+replayed trace give the same answers. Thresholds are in ``Thresholds`` with the reasoning.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections import deque
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+from hangd.snapshot import FileSample, GpuSample, ProcInfo, ProcSample, Snapshot, StackSample
+
+HISTORY_S = 120.0
+COMPILE_COMMS = re.compile(r"^(ptxas|cc1|cc1plus|nvcc|cicc|gcc|g\+\+|clang|ld|as|ninja|compile_worker|triton)", re.I)
+MiB = 1024 * 1024
+GiB = 1024 * MiB
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Where the classifier draws its lines (see docs/operator-guide.md for the reasoning)."""
+
+    window_s: float = 2.0  # rates and GPU readings are averaged over this window
+    # GPU work: tensor or DRAM activity (GPM %), or NVLink traffic. A spinning NCCL kernel shows
+    # 100% util at ~18% SM, 0% tensor, 0% DRAM, no NVLink (FIELD-NOTES).
+    gpu_tensor_pct: float = 3.0
+    gpu_dram_pct: float = 3.0
+    gpu_nvlink_mibs: float = 200.0
+    gpu_util_mem_pct: float = 3.0  # fallback without GPM: memory-controller activity
+    spin_util_pct: float = 90.0
+    spin_sm_max_pct: float = 40.0
+    gpu_active_util_pct: float = 10.0
+    # host-side progress
+    io_bytes_per_s: float = 1 * MiB
+    load_read_per_s: float = 20 * MiB
+    load_rchar_per_s: float = 200 * MiB
+    socket_char_per_s: float = 256 * 1024
+    rss_change_bytes: float = 256 * MiB
+    gpu_mem_change_bytes: float = 64 * MiB
+    capture_growth_per_s: float = 200 * MiB  # sustained over two windows; allocator warm-up is shorter
+    busy_cpu_cores: float = 0.5
+    # decisions
+    progress_recent_s: float = 5.0  # a rank progressed "recently" within this
+    hang_gpu_s: float = 10.0  # no progress while a rank spins in a GPU collective
+    hang_host_s: float = 12.0  # no progress while stacks show ranks blocked host-side
+    hang_io_s: float = 30.0  # uninterruptible sleep with no I/O
+    startup_max_s: float = 600.0  # a process is "starting" at most this long
+    startup_cpu_s: float = 20.0  # CPU work without a GPU counts as setup (imports) this long
+    started_gpu_mem_bytes: float = 1.5 * GiB  # more than a CUDA context: the job has set up
+    dwell_s: float = 2.0  # a new state must hold this long before it is reported
+    stack_quiet_s: float = 3.0  # capture stacks of a job quiet this long
+    stack_repeat_s: float = 5.0  # ... and again this much later, to show it is stuck
+    straggler_episodes: int = 3  # waits on the same rank within straggler_window_s
+    straggler_window_s: float = 120.0
+    rank_exit_grace_s: float = 10.0
+    orphan_gpu_s: float = 5.0
+    unattributed_gpu_bytes: float = 2 * GiB
+    unattributed_gpu_s: float = 30.0
+
+
+@lru_cache(maxsize=1)
+def log_catalog() -> dict[str, re.Pattern[str]]:
+    data = tomllib.loads(resources.files("hangd.analysis").joinpath("catalog.toml").read_text())
+    out = {}
+    for kind, pats in (data.get("log") or {}).items():
+        out[kind] = re.compile("|".join(f"(?:{p if p.startswith('^') else re.escape(p)})" for p in pats), re.M)
+    return out
+
+
+def classify_log_lines(text: str) -> tuple[int, set[str]]:
+    """(bytes of lines that are not diagnostic, phase kinds the lines name)."""
+    cat = log_catalog()
+    diag = cat.get("diagnostic")
+    useful = 0
+    kinds: set[str] = set()
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        if diag is not None and diag.search(line):
+            continue
+        useful += len(line) + 1
+        for kind, pat in cat.items():
+            if kind != "diagnostic" and pat.search(line):
+                kinds.add(kind)
+    return useful, kinds
+
+
+@dataclass
+class FileState:
+    size: int | None = None
+    grew_at: float | None = None  # last time non-diagnostic lines appeared
+    kinds_at: dict[str, float] = field(default_factory=dict)  # phase kind -> last time seen
+    tail: str = ""
+
+
+@dataclass
+class ProcHistory:
+    pid: int
+    first_seen: float
+    samples: deque[tuple[float, ProcSample]] = field(default_factory=lambda: deque(maxlen=600))
+    info: ProcInfo | None = None
+    stacks: list[tuple[float, list[StackSample]]] = field(default_factory=list)
+    first_ppid: int | None = None
+    gone_at: float | None = None
+    zombie_since: float | None = None
+
+    def latest(self) -> ProcSample | None:
+        return self.samples[-1][1] if self.samples else None
+
+
+class NodeView:
+    """The recent history of a node, fed one snapshot at a time."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+        self.procs: dict[int, ProcHistory] = {}
+        self.gpus: dict[int, deque[tuple[float, GpuSample]]] = {}
+        self.files: dict[str, FileState] = {}
+        self.gpu_of: dict[int, dict[int, int | None]] = {}  # pid -> {gpu index: bytes}
+        self.gpu_seen_at: dict[int, float] = {}
+        self.actions: list[tuple[float, str, int | None]] = []
+        self.new_stacks: list[int] = []
+        self.gpu_baseline: dict[int, int] = {}
+        self.compile_children: dict[int, int] = {}
+        self.log_ranks: dict[int, int] = {}  # pid -> rank from torch's "[rankN]" log prefix
+
+    def feed(self, snap: Snapshot) -> None:
+        t = snap.t
+        self.t = max(self.t, t)
+        self.new_stacks = []
+        if snap.gpus:
+            self.gpu_of = {}
+        for g in snap.gpus:
+            dq = self.gpus.setdefault(g.index, deque(maxlen=1200))
+            dq.append((t, g))
+            for p in g.procs:
+                self.gpu_of.setdefault(p.pid, {})[g.index] = p.used
+                self.gpu_seen_at[p.pid] = t
+            if not g.procs and g.mem_used is not None:
+                base = self.gpu_baseline.get(g.index)
+                self.gpu_baseline[g.index] = g.mem_used if base is None else min(base, g.mem_used)
+        for info in snap.infos:
+            h = self._proc(info.pid, t)
+            h.info = info
+            if h.first_ppid is None:
+                h.first_ppid = info.ppid
+        for p in snap.procs:
+            h = self._proc(p.pid, t)
+            if p.gone:
+                h.gone_at = h.gone_at or t
+                continue
+            h.gone_at = None
+            if h.first_ppid is None:
+                h.first_ppid = p.ppid
+            h.samples.append((t, p))
+            if p.state == "Z":
+                h.zombie_since = h.zombie_since or t
+            else:
+                h.zombie_since = None
+        for f in snap.files:
+            self._file(f, t)
+        if snap.stacks:
+            by_pid: dict[int, list[StackSample]] = {}
+            for s in snap.stacks:
+                by_pid.setdefault(s.pid, []).append(s)
+            for pid, ss in by_pid.items():
+                h = self._proc(pid, t)
+                h.stacks.append((t, ss))
+                del h.stacks[:-6]
+                self.new_stacks.append(pid)
+        for a in snap.actions:
+            self.actions.append((t, a.what, a.pid))
+        if snap.procs:
+            self._count_compile_workers()
+        self._trim(t)
+
+    def _count_compile_workers(self) -> None:
+        """Compiler processes (ptxas, cc1, inductor compile workers) counted for each ancestor."""
+        self.compile_children = {}
+        for h in self.procs.values():
+            lp = h.latest()
+            if lp is None or h.gone_at is not None:
+                continue
+            cmd = " ".join(h.info.cmdline or []) if h.info else ""
+            if not ((lp.comm and COMPILE_COMMS.search(lp.comm)) or "compile_worker" in cmd or "_inductor" in cmd):
+                continue
+            cur = lp.ppid
+            for _ in range(4):
+                if not cur or cur <= 1:
+                    break
+                self.compile_children[cur] = self.compile_children.get(cur, 0) + 1
+                parent = self.procs.get(cur)
+                pl = parent.latest() if parent else None
+                cur = pl.ppid if pl else None
+
+    def _proc(self, pid: int, t: float) -> ProcHistory:
+        h = self.procs.get(pid)
+        if h is None:
+            h = self.procs[pid] = ProcHistory(pid=pid, first_seen=t)
+        return h
+
+    def _file(self, f: FileSample, t: float) -> None:
+        st = self.files.setdefault(f.path, FileState())
+        if f.size is None:
+            return
+        if st.size is not None and f.size > st.size:
+            new = ""
+            if f.tail is not None:
+                grown = f.size - st.size
+                start = max(0, len(f.tail) - grown)
+                # judge whole lines: back up to the start of the line the new bytes continue
+                nl = f.tail.rfind("\n", 0, start)
+                new = f.tail[nl + 1 :] if start > 0 else f.tail
+                if start > 0 and nl < 0:  # the line began before the tail we have: drop the fragment
+                    new = new.partition("\n")[2]
+                # an unfinished last line is judged when it is complete
+                new = new[: new.rfind("\n") + 1]
+            useful, kinds = classify_log_lines(new) if f.tail is not None else (f.size - st.size, set())
+            if useful > 0:
+                st.grew_at = t
+            for k in kinds:
+                st.kinds_at[k] = t
+        if f.tail is not None:
+            st.tail = f.tail
+        st.size = f.size
+
+    def _trim(self, t: float) -> None:
+        for pid in [p for p, h in self.procs.items() if h.gone_at is not None and t - h.gone_at > HISTORY_S]:
+            del self.procs[pid]
+
+    # ------------------------------------------------------------------ queries
+
+    def gpu_window(self, index: int, t: float, window: float) -> list[GpuSample]:
+        dq = self.gpus.get(index)
+        if not dq:
+            return []
+        out = []
+        for tt, g in reversed(dq):  # newest first: stop as soon as the window is passed
+            if tt < t - window - 1e-6:
+                break
+            if tt <= t + 1e-6:
+                out.append(g)
+        out.reverse()
+        return out
+
+    def proc_window(self, pid: int, t: float, window: float) -> list[tuple[float, ProcSample]]:
+        h = self.procs.get(pid)
+        if h is None:
+            return []
+        out = []
+        for tt, p in reversed(h.samples):
+            if tt > t + 1e-6:
+                continue
+            out.append((tt, p))
+            # keep the sample just before the window so a rate spans the whole window
+            if tt < t - window - 1e-6:
+                break
+        out.reverse()
+        return out
+
+
+@dataclass
+class GpuSignals:
+    util: float | None = None
+    util_mem: float | None = None
+    sm: float | None = None
+    tensor: float | None = None
+    dram: float | None = None
+    nvlink_mibs: float | None = None
+    power_w: float | None = None
+    has_gpm: bool = False
+
+    def works(self, th: Thresholds) -> bool:
+        if self.has_gpm:
+            return ((self.tensor or 0) >= th.gpu_tensor_pct or (self.dram or 0) >= th.gpu_dram_pct
+                    or (self.nvlink_mibs or 0) >= th.gpu_nvlink_mibs)
+        return (self.util_mem or 0) >= th.gpu_util_mem_pct
+
+    def spins(self, th: Thresholds) -> bool:
+        if (self.util or 0) < th.spin_util_pct or self.works(th):
+            return False
+        return (self.sm or 0) < th.spin_sm_max_pct if self.has_gpm else True
+
+    def active(self, th: Thresholds) -> bool:
+        return (self.util or 0) >= th.gpu_active_util_pct or self.works(th)
+
+    def brief(self) -> dict[str, Any]:
+        return {k: (round(v, 1) if isinstance(v, float) else v) for k, v in self.__dict__.items() if v is not None}
+
+
+def _mean(vals: list[float]) -> float | None:
+    return sum(vals) / len(vals) if vals else None
+
+
+def gpu_signals(samples: list[GpuSample]) -> GpuSignals:
+    s = GpuSignals()
+    if not samples:
+        return s
+    s.util = _mean([g.util_gpu for g in samples if g.util_gpu is not None])
+    s.util_mem = _mean([g.util_mem for g in samples if g.util_mem is not None])
+    s.power_w = _mean([g.power_mw / 1000 for g in samples if g.power_mw is not None])
+    gpm = [g.gpm for g in samples if g.gpm]
+    if gpm:
+        s.has_gpm = True
+        s.sm = _mean([x.get("SM_UTIL", 0.0) for x in gpm])
+        s.tensor = _mean([x.get("ANY_TENSOR_UTIL", 0.0) for x in gpm])
+        s.dram = _mean([x.get("DRAM_BW_UTIL", 0.0) for x in gpm])
+        s.nvlink_mibs = _mean([x.get("NVLINK_TOTAL_TX_PER_SEC", 0.0) + x.get("NVLINK_TOTAL_RX_PER_SEC", 0.0) for x in gpm])
+    return s
+
+
+@dataclass
+class ProcSignals:
+    """One process over the window. Rates per second; None where unknown."""
+
+    pid: int
+    age_s: float
+    state: str | None = None
+    wchan: str | None = None
+    cpu_cores: float | None = None
+    read_per_s: float | None = None
+    write_per_s: float | None = None
+    rchar_per_s: float | None = None
+    wchar_per_s: float | None = None
+    rss_change: int | None = None
+    rss: int | None = None
+    threads: int | None = None
+    d_fraction: float = 0.0
+    gpu_mem: int = 0
+    gpu_mem_change: int = 0
+    gpu_mem_rate: float = 0.0
+    gpu_mem_rate_before: float = 0.0
+    gpu_indexes: list[int] = field(default_factory=list)
+    gpu: GpuSignals = field(default_factory=GpuSignals)
+    log_grew_at: float | None = None
+    log_kinds: set[str] = field(default_factory=set)
+    compile_children: int = 0
+
+    def brief(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"state": self.state, "wchan": self.wchan}
+        for k in ("cpu_cores", "read_per_s", "write_per_s", "rchar_per_s"):
+            v = getattr(self, k)
+            if v is not None:
+                d[k] = round(v, 2) if k == "cpu_cores" else int(v)
+        d["gpu_mem_bytes"] = self.gpu_mem
+        if self.gpu_mem_change:
+            d["gpu_mem_change_bytes"] = self.gpu_mem_change
+        if self.gpu_indexes:
+            d["gpus"] = self.gpu_indexes
+            d["gpu"] = self.gpu.brief()
+        return d
+
+
+
+
+def proc_signals(view: NodeView, pid: int, t: float, th: Thresholds) -> ProcSignals:
+    h = view.procs[pid]
+    start = h.first_seen
+    latest = h.latest()
+    if latest is not None and latest.start_time:
+        start = min(start, latest.start_time)
+    sig = ProcSignals(pid=pid, age_s=t - start)
+    win = view.proc_window(pid, t, th.window_s)
+    if latest is not None:
+        sig.state, sig.wchan, sig.rss, sig.threads = latest.state, latest.wchan, latest.rss_bytes, latest.threads
+    if len(win) >= 2:
+        (t0, a), (t1, b) = win[0], win[-1]
+        dt = max(t1 - t0, 1e-3)
+        if None not in (a.utime, a.stime, b.utime, b.stime):
+            sig.cpu_cores = ((b.utime + b.stime) - (a.utime + a.stime)) / 100.0 / dt  # type: ignore[operator]
+        if a.io and b.io:
+            for key, attr in (("read_bytes", "read_per_s"), ("write_bytes", "write_per_s"),
+                              ("rchar", "rchar_per_s"), ("wchar", "wchar_per_s")):
+                if key in a.io and key in b.io:
+                    setattr(sig, attr, max(0, b.io[key] - a.io[key]) / dt)
+        if a.rss_bytes is not None and b.rss_bytes is not None:
+            sig.rss_change = b.rss_bytes - a.rss_bytes
+        ds = [p.state == "D" or (p.thread_states or {}).get("D", 0) > 0 for _, p in win[1:]]
+        sig.d_fraction = sum(ds) / len(ds) if ds else 0.0
+    gpus = view.gpu_of.get(pid, {})
+    if gpus and t - view.gpu_seen_at.get(pid, -1e9) < 10:
+        sig.gpu_indexes = sorted(gpus)
+        sig.gpu_mem = sum(v or 0 for v in gpus.values())
+        main = max(gpus, key=lambda i: gpus[i] or 0)
+        gw = view.gpu_window(main, t, th.window_s)
+        sig.gpu = gpu_signals(gw)
+        used = [next((p.used for p in g.procs if p.pid == pid), None) for g in gw]
+        used = [u for u in used if u is not None]
+        older = view.gpu_window(main, t - th.window_s, 1.0)
+        prev = [next((p.used for p in g.procs if p.pid == pid), None) for g in older]
+        prev = [u for u in prev if u is not None]
+        if used and prev:
+            sig.gpu_mem_change = used[-1] - prev[-1]
+            sig.gpu_mem_rate = sig.gpu_mem_change / th.window_s
+            # the window before: growth that lasts two windows is sustained
+            before = view.gpu_window(main, t - 2 * th.window_s, 1.0)
+            pb = [u for u in (next((p.used for p in g.procs if p.pid == pid), None) for g in before) if u is not None]
+            if pb:
+                sig.gpu_mem_rate_before = (prev[-1] - pb[-1]) / th.window_s
+        elif len(used) >= 2:
+            sig.gpu_mem_change = used[-1] - used[0]
+            sig.gpu_mem_rate = sig.gpu_mem_change / th.window_s
+    if h.info and h.info.fds:
+        for target in {v for v in h.info.fds.values() if v}:
+            fs = view.files.get(target)
+            if fs is not None:
+                if fs.grew_at is not None and (sig.log_grew_at is None or fs.grew_at > sig.log_grew_at):
+                    sig.log_grew_at = fs.grew_at
+                sig.log_kinds |= {k for k, at in fs.kinds_at.items() if t - at <= 3.0}
+    sig.compile_children = view.compile_children.get(pid, 0)
+    return sig

@@ -1,0 +1,115 @@
+"""Classify where a stack waits, from the catalog in ``catalog.toml`` (data, easy to extend)."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+
+from hangd.snapshot import Frame, StackSample, ThreadStack
+
+# Threads that hangd itself or the runtime adds and that say nothing about what the job does:
+# py-spy sees the import thread a flight-recorder dump request starts, and watchdog/heartbeat
+# threads wait forever by design.
+IGNORED_THREAD_FRAMES = re.compile(r"<frozen importlib|ProcessGroupNCCL::(ncclCommWatchdog|heartbeatMonitor|Watchdog)")
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    kind: str
+    priority: int
+    why: str
+    patterns: tuple[re.Pattern[str], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    kind: str  # a catalog kind, or "unknown"
+    why: str
+    frame: str | None  # the frame that decided it, "file:function:line"
+    thread: str | None
+    priority: int = 0
+
+    @property
+    def known(self) -> bool:
+        return self.kind != "unknown"
+
+
+UNKNOWN = Verdict("unknown", "no catalog rule matched", None, None, 0)
+
+
+def load_catalog(text: str | None = None) -> list[Rule]:
+    if text is None:
+        text = resources.files("hangd.analysis").joinpath("catalog.toml").read_text()
+    data = tomllib.loads(text)
+    rules = []
+    for r in data.get("rule", []):
+        rules.append(Rule(kind=r["kind"], priority=int(r.get("priority", 50)), why=r.get("why", r["kind"]),
+                          patterns=tuple(re.compile(p) for p in r["patterns"])))
+    return sorted(rules, key=lambda r: -r.priority)
+
+
+@lru_cache(maxsize=1)
+def default_catalog() -> tuple[Rule, ...]:
+    return tuple(load_catalog())
+
+
+def frame_key(f: Frame) -> str:
+    return f"{f.filename}:{f.name}"
+
+
+def frame_text(f: Frame) -> str:
+    return f"{f.name} ({f.filename}:{f.line})" if f.line is not None else f"{f.name} ({f.filename})"
+
+
+def main_thread(sample: StackSample) -> ThreadStack | None:
+    """The thread that says what the process does: MainThread / tid == pid, else the first
+    thread that is not one of the ignored helper threads."""
+    for th in sample.threads:
+        if th.name == "MainThread" or th.tid == sample.pid:
+            return th
+    for th in sample.threads:
+        if th.frames and not any(IGNORED_THREAD_FRAMES.search(frame_key(f)) for f in th.frames):
+            return th
+    return sample.threads[0] if sample.threads else None
+
+
+def classify_thread(th: ThreadStack, rules: tuple[Rule, ...] | list[Rule] | None = None) -> Verdict:
+    rules = rules if rules is not None else default_catalog()
+    keys = [frame_key(f) for f in th.frames]
+    for rule in rules:  # sorted by priority, highest first
+        for f, key in zip(th.frames, keys, strict=True):  # innermost first
+            if any(p.search(key) for p in rule.patterns):
+                return Verdict(rule.kind, rule.why, frame_text(f), th.name or str(th.tid), rule.priority)
+    return UNKNOWN
+
+
+def classify(samples: list[StackSample], rules: tuple[Rule, ...] | list[Rule] | None = None) -> Verdict:
+    """The verdict for one process from its dumps taken at one moment (Python-only and native
+    dumps of the same moment complement each other: the highest-priority verdict wins)."""
+    best = UNKNOWN
+    for s in samples:
+        th = main_thread(s)
+        if th is None:
+            continue
+        v = classify_thread(th, rules)
+        if v.priority > best.priority:
+            best = v
+    return best
+
+
+def signature(sample: StackSample) -> tuple[str, ...]:
+    """The Python frames of the main thread, for telling a stuck stack from a moving one."""
+    th = main_thread(sample)
+    if th is None:
+        return ()
+    return tuple(f"{frame_key(f)}:{f.line}" for f in th.frames if not f.native)
+
+
+def summarize(sample: StackSample, limit: int = 8) -> list[str]:
+    th = main_thread(sample)
+    if th is None:
+        return []
+    return [frame_text(f) for f in th.frames[:limit]]

@@ -1,0 +1,175 @@
+"""Cross-rank analysis of flight-recorder dumps: who is missing from which collective, and which
+ranks issued different ops, sizes or dtypes for the same one.
+
+Per process group, entries are aligned on ``collective_seq_id`` (and ``p2p_seq_id`` for p2p).
+Only the window every rank still holds is compared, so a ring buffer that dropped old records
+gives no false ``missing_rank``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from hangd.flightrec.reader import Dump, Entry
+
+# Ops whose inputs must agree across ranks (all_to_all, gather, scatter and p2p may differ).
+SIZE_CHECKED = ("all_reduce", "broadcast", "reduce", "allreduce", "_allgather_base", "all_gather_into_tensor",
+                "_reduce_scatter_base", "reduce_scatter_tensor", "all_gather", "reduce_scatter", "barrier")
+
+
+def _base_op(op: str) -> str:
+    return op.split(":", 1)[-1]
+
+
+def _size_checked(op: str) -> bool:
+    b = _base_op(op)
+    return any(b == s or b.startswith(s + "_coalesced") for s in SIZE_CHECKED)
+
+
+@dataclass
+class Finding:
+    kind: str  # missing_rank | op_mismatch | size_mismatch | dtype_mismatch | stuck | unreadable
+    pg: str | None
+    seq: int | None
+    op: str | None
+    ranks: list[int] = field(default_factory=list)
+    missing_ranks: list[int] = field(default_factory=list)
+    ops: dict[int, str] = field(default_factory=dict)
+    sizes: dict[int, Any] = field(default_factory=dict)
+    dtypes: dict[int, Any] = field(default_factory=dict)
+    frames: list[dict[str, Any]] = field(default_factory=list)
+    numel: int | None = None
+    message: str = ""
+    source: str = "file"
+    created_ns: int | None = None  # when the entry in question was enqueued (for in-flight checks)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for k in ("ops", "sizes", "dtypes"):
+            d[k] = {str(r): v for r, v in d[k].items()}
+        return d
+
+
+def _describe(e: Entry) -> str:
+    n = e.numel()
+    dt = e.input_dtypes[0].lower() if e.input_dtypes else "?"
+    dt = {"float": "float32", "half": "float16", "bfloat16": "bfloat16", "double": "float64"}.get(dt, dt)
+    return f"{_base_op(e.op)} #{e.seq} ({n} {dt})" if n is not None else f"{_base_op(e.op)} #{e.seq}"
+
+
+def analyze(dumps: list[Dump], errors: dict[int | str, str] | None = None) -> list[Finding]:
+    """Findings across the ranks of every process group in ``dumps``. ``errors`` are ranks whose
+    file could not be read; they become ``unreadable`` findings and the rest is analyzed."""
+    findings: list[Finding] = []
+    for who, why in (errors or {}).items():
+        findings.append(Finding(kind="unreadable", pg=None, seq=None, op=None,
+                                ranks=[who] if isinstance(who, int) else [],
+                                message=f"rank {who}: {why}"))
+    by_rank = {d.rank: d for d in dumps if d.rank is not None}
+    groups: dict[str, set[int]] = {}
+    for r, d in by_rank.items():
+        for pg, cfg in d.pg_config.items():
+            groups.setdefault(pg, set()).add(r)
+            for m in cfg.get("ranks") or []:
+                if isinstance(m, int):
+                    groups[pg].add(m)
+        for e in d.entries:
+            groups.setdefault(e.pg, set()).add(r)
+    for pg in sorted(groups):
+        members = sorted(r for r in groups[pg] if r in by_rank)
+        if len(members) < 2:
+            continue
+        findings.extend(_analyze_group(pg, {r: by_rank[r] for r in members}))
+    return findings
+
+
+def _analyze_group(pg_key: str, dumps: dict[int, Dump]) -> list[Finding]:
+    out: list[Finding] = []
+    pg = pg_key
+    desc = next((d.pg_config[pg_key].get("desc") for d in dumps.values() if pg_key in d.pg_config), None)
+    label = f"{pg_key} ({desc})" if desc and desc != pg_key else pg_key
+    seqs: dict[int, dict[int, Entry]] = {}
+    for r, d in dumps.items():
+        seqs[r] = {e.seq: e for e in d.entries if e.pg == pg and not e.is_p2p and e.seq}
+    # last enqueued per rank: pg_status when present, else the highest seq recorded
+    last: dict[int, int] = {}
+    first: dict[int, int] = {}
+    for r, d in dumps.items():
+        st = d.pg_status.get(pg) or {}
+        recorded = max(seqs[r]) if seqs[r] else 0
+        last[r] = max(st.get("last_enqueued_collective") or 0, recorded)
+        first[r] = min(seqs[r]) if seqs[r] else last[r] + 1
+    # Compare only what every rank still holds: older records may have left a ring buffer.
+    lo = max(first.values())
+    hi = max(last.values())
+    reported_missing = False
+    for seq in range(lo, hi + 1):
+        have = {r: seqs[r][seq] for r in dumps if seq in seqs[r]}
+        if not have:
+            continue
+        ref = have[min(have)]
+        never = sorted(r for r in dumps if seq not in seqs[r] and last[r] < seq)
+        if never and not reported_missing and not all(e.completed for e in have.values()):
+            reported_missing = True
+            waiting = sorted(have)
+            out.append(Finding(
+                kind="missing_rank", pg=pg, seq=seq, op=ref.op, ranks=waiting, missing_ranks=never,
+                ops={r: e.op for r, e in have.items()}, sizes={r: e.input_sizes for r, e in have.items()},
+                dtypes={r: e.input_dtypes for r, e in have.items()}, frames=ref.frames, numel=ref.numel(),
+                created_ns=max((e.time_created_ns or 0) for e in have.values()) or None,
+                message=(f"rank{'s' if len(never) > 1 else ''} {', '.join(map(str, never))} never entered "
+                         f"{_describe(ref)} in pg {label}; rank{'s' if len(waiting) > 1 else ''} "
+                         f"{', '.join(map(str, waiting))} entered it and {'wait' if len(waiting) > 1 else 'waits'}"
+                         + "; last enqueued per rank: " + ", ".join(f"{r}:{last[r]}" for r in sorted(last))),
+            ))
+        if len(have) < 2:
+            continue
+        ops = {r: e.op for r, e in have.items()}
+        kwargs: dict[str, Any] = dict(pg=pg, seq=seq, op=ref.op, ranks=sorted(have), ops=ops,
+                                      sizes={r: e.input_sizes for r, e in have.items()},
+                                      dtypes={r: e.input_dtypes for r, e in have.items()},
+                                      frames=ref.frames, numel=ref.numel())
+        if len(set(ops.values())) > 1:
+            out.append(Finding(kind="op_mismatch", message=f"ranks issued different ops for seq {seq} in pg {label}: "
+                               + ", ".join(f"rank {r}: {o}" for r, o in sorted(ops.items())), **kwargs))
+            continue
+        if _size_checked(ref.op):
+            sizes = {r: repr(e.input_sizes) for r, e in have.items()}
+            if len(set(sizes.values())) > 1:
+                out.append(Finding(kind="size_mismatch", message=f"{_base_op(ref.op)} #{seq} in pg {label} has different sizes: "
+                                   + ", ".join(f"rank {r}: {e.input_sizes}" for r, e in sorted(have.items())), **kwargs))
+        dts = {r: repr(e.input_dtypes) for r, e in have.items()}
+        if len(set(dts.values())) > 1:
+            out.append(Finding(kind="dtype_mismatch", message=f"{_base_op(ref.op)} #{seq} in pg {label} has different dtypes: "
+                               + ", ".join(f"rank {r}: {e.input_dtypes}" for r, e in sorted(have.items())), **kwargs))
+    # stuck: every rank enqueued the same seq, none completed it
+    for seq in range(lo, hi + 1):
+        have = {r: seqs[r].get(seq) for r in dumps}
+        if all(e is not None for e in have.values()) and not any(e.completed for e in have.values() if e):
+            ref = next(e for e in have.values() if e)
+            out.append(Finding(kind="stuck", pg=pg, seq=seq, op=ref.op, ranks=sorted(have),
+                               ops={r: e.op for r, e in have.items() if e},
+                               sizes={r: e.input_sizes for r, e in have.items() if e},
+                               dtypes={r: e.input_dtypes for r, e in have.items() if e},
+                               frames=ref.frames, numel=ref.numel(),
+                               created_ns=max((e.time_created_ns or 0) for e in have.values() if e) or None,
+                               message=f"all ranks entered {_describe(ref)} in pg {label} and none completed it"))
+            break
+    return out
+
+
+def summary(dumps: list[Dump], findings: list[Finding]) -> dict[str, Any]:
+    """The ``hangd fr analyze --json`` shape."""
+    groups: dict[str, dict[str, Any]] = {}
+    for d in dumps:
+        for pg, cfg in d.pg_config.items():
+            g = groups.setdefault(pg, {"pg": pg, "desc": cfg.get("desc"), "ranks": cfg.get("ranks"), "status": {}})
+            if d.rank is not None:
+                g["status"][str(d.rank)] = d.pg_status.get(pg, {})
+    return {
+        "ranks": [{"rank": d.rank, "path": d.path, "owner": d.owner, "version": d.version, "encoding": d.encoding,
+                   "entries": len(d.entries)} for d in sorted(dumps, key=lambda d: (d.rank is None, d.rank or 0))],
+        "groups": list(groups.values()),
+        "findings": [f.to_dict() for f in findings],
+    }

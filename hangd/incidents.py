@@ -1,0 +1,121 @@
+"""Incidents: what went wrong with a job, who is to blame, and the evidence, opened, updated and
+resolved by the analysis. One incident per job per episode and family."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+KINDS = ("nccl_stall", "host_stall", "io_stall", "orphaned_gpu_memory", "collective_mismatch",
+         "straggler", "rank_exited")
+HANG_KINDS = ("nccl_stall", "host_stall", "io_stall")
+FAMILY = {"nccl_stall": "hang", "host_stall": "hang", "io_stall": "hang", "rank_exited": "hang",
+          "orphaned_gpu_memory": "orphan", "collective_mismatch": "mismatch", "straggler": "straggler"}
+SEVERITY = {"nccl_stall": "critical", "host_stall": "critical", "io_stall": "critical", "rank_exited": "critical",
+            "orphaned_gpu_memory": "warning", "collective_mismatch": "critical", "straggler": "warning"}
+NEXT_STEP = {
+    "nccl_stall": ("Look at what the culprit rank is doing (its stack below) instead of killing the job; "
+                   "the ranks inside the collective are only waiting for it. Compare code paths that "
+                   "issue collectives conditionally (data-dependent branches, different step counts)."),
+    "host_stall": ("The GPUs are idle and the ranks are blocked on the host. Read the culprit's stack: "
+                   "a rank waiting on something other than the collective (an event, a lock, a queue) "
+                   "never reached the collective its peers are in. Do not send SIGABRT: the stacks here "
+                   "are the evidence."),
+    "io_stall": "A rank is stuck in uninterruptible I/O: check the filesystem (NFS/Lustre/disk) it reads.",
+    "rank_exited": ("A rank exited while its peers still hold GPUs and will wait for it until their "
+                    "collective timeout: read the exited rank's last log lines, then stop the job."),
+    "orphaned_gpu_memory": ("These processes lost their launcher and still hold GPU memory: stop them "
+                            "(hangd never does) to free the GPUs."),
+    "collective_mismatch": ("Ranks issued different collectives at the same sequence number: results are "
+                            "silently wrong or the job will hang. Check shapes and step counts per rank."),
+    "straggler": "One rank repeatedly makes the others wait: check its data loading, host and GPU.",
+}
+
+
+@dataclass
+class Incident:
+    id: int
+    kind: str
+    job: str
+    opened_at: float
+    severity: str = "critical"
+    resolved_at: float | None = None
+    updated_at: float | None = None
+    pids: list[int] = field(default_factory=list)
+    ranks: list[int] = field(default_factory=list)
+    culprit_pids: list[int] = field(default_factory=list)
+    culprit_ranks: list[int] = field(default_factory=list)
+    summary: str = ""
+    next_step: str = ""
+    evidence: dict[str, Any] = field(default_factory=dict)
+    findings: list[dict[str, Any]] = field(default_factory=list)
+    timeline: list[dict[str, Any]] = field(default_factory=list)
+    hang_started_at: float | None = None
+    acked: bool = False
+
+    @property
+    def family(self) -> str:
+        return FAMILY.get(self.kind, self.kind)
+
+    @property
+    def open(self) -> bool:
+        return self.resolved_at is None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "kind": self.kind, "severity": self.severity, "job": self.job,
+            "status": "open" if self.open else "resolved",
+            "opened_at": round(self.opened_at, 3),
+            "resolved_at": round(self.resolved_at, 3) if self.resolved_at is not None else None,
+            "updated_at": round(self.updated_at, 3) if self.updated_at is not None else None,
+            "hang_started_at": round(self.hang_started_at, 3) if self.hang_started_at is not None else None,
+            "pids": self.pids, "ranks": self.ranks, "culprit_pids": self.culprit_pids,
+            "culprit_ranks": self.culprit_ranks, "summary": self.summary, "next_step": self.next_step,
+            "evidence": self.evidence, "findings": self.findings, "timeline": self.timeline,
+            "acked": self.acked,
+        }
+
+
+class IncidentBook:
+    """Open incidents by (job, family), and every incident ever opened in this run."""
+
+    def __init__(self, first_id: int = 1) -> None:
+        self.next_id = first_id
+        self.open: dict[tuple[str, str], Incident] = {}
+        self.all: list[Incident] = []
+        self.changed: list[Incident] = []  # touched since the last drain()
+
+    def get(self, job: str, family: str) -> Incident | None:
+        return self.open.get((job, family))
+
+    def open_incident(self, kind: str, job: str, t: float, **kw: Any) -> Incident:
+        inc = Incident(id=self.next_id, kind=kind, job=job, opened_at=t, severity=SEVERITY.get(kind, "warning"),
+                       next_step=NEXT_STEP.get(kind, ""), updated_at=t, **kw)
+        self.next_id += 1
+        inc.timeline.append({"t": round(t, 3), "event": "opened", "kind": kind})
+        self.open[(job, inc.family)] = inc
+        self.all.append(inc)
+        self.changed.append(inc)
+        return inc
+
+    def touch(self, inc: Incident, t: float, note: str | None = None) -> None:
+        inc.updated_at = t
+        if note and (not inc.timeline or inc.timeline[-1].get("note") != note):
+            inc.timeline.append({"t": round(t, 3), "event": "updated", "note": note})
+            del inc.timeline[1:-50]
+        if inc not in self.changed:
+            self.changed.append(inc)
+
+    def resolve(self, inc: Incident, t: float, why: str) -> None:
+        if inc.resolved_at is not None:
+            return
+        inc.resolved_at = t
+        inc.updated_at = t
+        inc.timeline.append({"t": round(t, 3), "event": "resolved", "note": why})
+        self.open.pop((inc.job, inc.family), None)
+        if inc not in self.changed:
+            self.changed.append(inc)
+
+    def drain(self) -> list[Incident]:
+        out, self.changed = self.changed, []
+        return out

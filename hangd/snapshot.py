@@ -1,0 +1,190 @@
+"""Plain typed records of one moment of a node.
+
+A snapshot is what the sources saw at time ``t``: GPU readings, process readings, files, stacks,
+flight-recorder dumps. Every source (live or replayed) produces these and nothing else; analysis
+consumes only these. Values that could not be read are ``None``, never a made-up zero.
+
+The records convert losslessly to and from the events of the ``hangd-trace/1`` format
+(see ``tests/data/traces/FORMAT.md``), which is how ``hangd record`` and ``hangd replay`` agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+GPM_KEYS = (
+    "SM_UTIL",
+    "SM_OCCUPANCY",
+    "ANY_TENSOR_UTIL",
+    "DRAM_BW_UTIL",
+    "FP32_UTIL",
+    "FP16_UTIL",
+    "PCIE_TX_PER_SEC",
+    "PCIE_RX_PER_SEC",
+    "NVLINK_TOTAL_TX_PER_SEC",
+    "NVLINK_TOTAL_RX_PER_SEC",
+)
+
+
+@dataclass(slots=True)
+class GpuProc:
+    pid: int
+    used: int | None  # bytes of GPU memory; None when NVML does not say
+
+
+@dataclass(slots=True)
+class GpuSample:
+    """One NVML reading of one GPU. Percentages 0-100, memory in bytes, power in mW."""
+
+    index: int
+    util_gpu: int | None = None
+    util_mem: int | None = None
+    mem_used: int | None = None
+    mem_total: int | None = None
+    power_mw: int | None = None
+    sm_clock: int | None = None
+    temp_c: int | None = None
+    energy_mj: int | None = None
+    pcie_tx_kbs: int | None = None
+    pcie_rx_kbs: int | None = None
+    clock_event_reasons: int | None = None
+    procs: list[GpuProc] = field(default_factory=list)
+    proc_util: list[dict[str, Any]] | None = None
+    # GPM metrics (Hopper and later): % for utilizations, MB/s for PCIe and NVLink rates.
+    gpm: dict[str, float] | None = None
+    uuid: str | None = None
+    name: str | None = None
+    xid: list[dict[str, Any]] | None = None
+
+
+@dataclass(slots=True)
+class ProcSample:
+    """One /proc reading of one process. utime/stime in clock ticks (100 a second)."""
+
+    pid: int
+    ppid: int | None = None
+    comm: str | None = None
+    state: str | None = None
+    utime: int | None = None
+    stime: int | None = None
+    threads: int | None = None
+    thread_states: dict[str, int] | None = None
+    io: dict[str, int] | None = None
+    voluntary_ctxt_switches: int | None = None
+    nonvoluntary_ctxt_switches: int | None = None
+    wchan: str | None = None
+    rss_bytes: int | None = None
+    swap_bytes: int | None = None
+    role: str | None = None
+    gone: bool = False
+    start_time: float | None = None  # Unix seconds; None when unknown
+
+
+@dataclass(slots=True)
+class ProcInfo:
+    """The static facts of a process, read once. ``environ`` holds only the keys hangd needs,
+    with secret-looking values already redacted."""
+
+    pid: int
+    ppid: int | None = None
+    exe: str | None = None
+    cmdline: list[str] | None = None
+    cwd: str | None = None
+    environ: dict[str, str] | None = None
+    fds: dict[str, str | None] | None = None
+    cgroup: str | None = None
+    start_time: float | None = None
+
+
+@dataclass(slots=True)
+class FileSample:
+    """Size of a file a watched process writes (its log), and its newest bytes when known."""
+
+    path: str
+    size: int | None
+    tail: str | None = None
+
+
+@dataclass(slots=True)
+class Frame:
+    name: str
+    filename: str
+    line: int | None = None
+    native: bool = False
+
+
+@dataclass(slots=True)
+class ThreadStack:
+    tid: int | None
+    name: str | None
+    active: bool | None
+    owns_gil: bool | None
+    frames: list[Frame]  # innermost first
+
+
+@dataclass(slots=True)
+class StackSample:
+    """A stack dump of one process taken at ``t``; ``seconds`` is how long the dump took."""
+
+    pid: int
+    tool: str = "py-spy"
+    native: bool = False
+    format: str = "py-spy-json"
+    seconds: float | None = None
+    raw: str = ""
+    threads: list[ThreadStack] = field(default_factory=list)
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class FrDump:
+    """A PyTorch flight-recorder dump that appeared at ``t`` (bytes as read, capped)."""
+
+    pid: int | None
+    rank: int | None
+    format: str
+    path: str
+    data: bytes | None = None
+    source: str = "file"
+
+
+@dataclass(slots=True)
+class RasReport:
+    format: str
+    text: str
+
+
+@dataclass(slots=True)
+class Action:
+    what: str
+    pid: int | None = None
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """Everything the sources saw at one moment ``t`` (Unix seconds)."""
+
+    t: float
+    gpus: list[GpuSample] = field(default_factory=list)
+    procs: list[ProcSample] = field(default_factory=list)
+    infos: list[ProcInfo] = field(default_factory=list)
+    files: list[FileSample] = field(default_factory=list)
+    stacks: list[StackSample] = field(default_factory=list)
+    fr_dumps: list[FrDump] = field(default_factory=list)
+    ras: list[RasReport] = field(default_factory=list)
+    actions: list[Action] = field(default_factory=list)
+    # source name -> "unavailable: <why>" for sources that could not read this time
+    unavailable: dict[str, str] = field(default_factory=dict)
+
+    def is_empty(self) -> bool:
+        return not (
+            self.gpus or self.procs or self.infos or self.files or self.stacks
+            or self.fr_dumps or self.ras or self.actions
+        )
+
+
+def record_to_dict(rec: Any) -> dict[str, Any]:
+    """A record as plain JSON-able data, dropping fields that are unset."""
+    d = asdict(rec)
+    return {k: v for k, v in d.items() if v is not None and v != [] and v is not False}

@@ -1,0 +1,73 @@
+"""The small interface every source implements, and the runner that isolates their failures.
+
+Like node_exporter's collectors: each source is timed, a source that cannot read (no driver, no
+permission) says ``unavailable: <why>`` with a ``HINT:`` and the others go on; a source that breaks
+unexpectedly is logged and counted, never allowed to stop the loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from hangd.snapshot import Snapshot
+
+log = logging.getLogger("hangd.sources")
+
+
+class Unavailable(Exception):
+    """A source that cannot read on this node; ``hint`` says what the operator can do."""
+
+    def __init__(self, why: str, hint: str = "") -> None:
+        super().__init__(why)
+        self.why = why
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return f"unavailable: {self.why}" + (f" {self.hint}" if self.hint else "")
+
+
+class Source(Protocol):
+    name: str
+
+    def collect(self, snap: Snapshot) -> None:
+        """Add what this source sees now to ``snap``; raise Unavailable if it cannot read."""
+
+
+@dataclass
+class CollectorStats:
+    success: bool = True
+    duration_s: float = 0.0
+    error: str | None = None
+    failures_total: int = 0
+
+
+@dataclass
+class SourceRunner:
+    """Runs sources in order into one snapshot, timing each and isolating failures."""
+
+    sources: list[Source]
+    stats: dict[str, CollectorStats] = field(default_factory=dict)
+
+    def collect(self, t: float | None = None) -> Snapshot:
+        snap = Snapshot(t=t if t is not None else time.time())
+        for src in self.sources:
+            st = self.stats.setdefault(src.name, CollectorStats())
+            t0 = time.perf_counter()
+            try:
+                src.collect(snap)
+                st.success, st.error = True, None
+            except Unavailable as e:
+                if st.error != str(e):
+                    log.debug("source %s %s", src.name, e)
+                st.success, st.error = False, str(e)
+                snap.unavailable[src.name] = str(e)
+            except Exception as e:  # a broken source must never stop the loop
+                log.exception("source %s failed", src.name)
+                st.success, st.error = False, f"error: {type(e).__name__}: {e}"
+                st.failures_total += 1
+                snap.unavailable[src.name] = st.error
+            st.duration_s = time.perf_counter() - t0
+        return snap

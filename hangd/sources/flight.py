@@ -1,0 +1,144 @@
+"""Flight-recorder discovery: where each rank's dumps and dump pipe are, and fresh dumps.
+
+PyTorch writes dumps to ``<prefix><global rank>``. The prefix comes from the process's own
+environment (``TORCH_FR_DUMP_TEMP_FILE``, older ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``) or the default of
+its torch version: ``/tmp/nccl_trace_rank_`` (<= 2.6), ``~/.cache/torch/nccl_trace_rank_`` (2.7-2.8),
+``${XDG_CACHE_HOME:-$HOME/.cache}/torch/comm_lib_trace_rank_`` (current). With
+``TORCH_NCCL_DEBUG_INFO_PIPE_FILE=<stem>`` each rank reads a FIFO ``<stem><rank>.pipe``: one byte
+written there makes that rank dump without stopping it. Parsing is hangd.flightrec's job.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from dataclasses import dataclass, field
+
+from hangd.snapshot import FrDump, ProcInfo, Snapshot
+
+MAX_DUMP_BYTES = 64 * 1024 * 1024
+
+
+def dump_prefixes(env: dict[str, str]) -> list[str]:
+    """Candidate dump prefixes for a process, most specific first."""
+    for key in ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"):
+        if env.get(key):
+            return [env[key]]
+    home = env.get("HOME") or "/root"
+    cache = env.get("XDG_CACHE_HOME") or os.path.join(home, ".cache")
+    return [
+        os.path.join(cache, "torch", "comm_lib_trace_rank_"),
+        os.path.join(home, ".cache", "torch", "nccl_trace_rank_"),
+        "/tmp/nccl_trace_rank_",
+    ]
+
+
+def pipe_path(env: dict[str, str], rank: int) -> str | None:
+    stem = env.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE")
+    return f"{stem}{rank}.pipe" if stem else None
+
+
+def read_capped(path: str, cap: int = MAX_DUMP_BYTES) -> tuple[bytes | None, str | None]:
+    """Read a file without following a symlink, at most ``cap`` bytes. (data, error)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as e:
+        return None, f"{path}: {os.strerror(e.errno) if e.errno else e}"
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None, f"{path}: not a regular file"
+        if st.st_size > cap:
+            return None, f"{path}: {st.st_size} bytes is over the {cap}-byte cap"
+        chunks, total = [], 0
+        while total <= cap:
+            b = os.read(fd, 1 << 20)
+            if not b:
+                break
+            chunks.append(b)
+            total += len(b)
+        return b"".join(chunks)[: cap + 1], None
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class _Rank:
+    pid: int
+    rank: int
+    prefixes: list[str]
+    pipe: str | None
+
+
+@dataclass
+class FlightSource:
+    name: str = "flight_recorder"
+    proc_root: str = "/proc"
+    _ranks: dict[int, _Rank] = field(default_factory=dict)
+    _seen: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    def _in_root(self, pid: int, path: str) -> str:
+        inside = os.path.join(self.proc_root, str(pid), "root") + path
+        return inside if os.path.lexists(inside) else path
+
+    def learn(self, info: ProcInfo) -> None:
+        env = info.environ or {}
+        rank_s = env.get("RANK")
+        if rank_s is None or not rank_s.isdigit():
+            return
+        rank = int(rank_s)
+        self._ranks[info.pid] = _Rank(info.pid, rank, dump_prefixes(env), pipe_path(env, rank))
+
+    def locations(self) -> dict[int, dict[str, object]]:
+        """pid -> where its dumps and pipe are (for the API and evidence)."""
+        return {pid: {"rank": r.rank, "dump_paths": [p + str(r.rank) for p in r.prefixes], "pipe": r.pipe}
+                for pid, r in self._ranks.items()}
+
+    def has_pipe(self, pid: int) -> bool:
+        r = self._ranks.get(pid)
+        return bool(r and r.pipe and os.path.exists(self._in_root(pid, r.pipe)))
+
+    def request_dump(self, pid: int) -> str | None:
+        """Ask one rank to dump through its debug pipe (no signal, the job keeps running).
+        Returns None on success or why it could not."""
+        r = self._ranks.get(pid)
+        if r is None or not r.pipe:
+            return "no dump pipe (TORCH_NCCL_DEBUG_INFO_PIPE_FILE unset)"
+        path = self._in_root(pid, r.pipe)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+        except OSError as e:
+            if e.errno == errno.ENXIO:
+                return f"{r.pipe}: nobody reads the pipe"
+            return f"{r.pipe}: {os.strerror(e.errno) if e.errno else e}"
+        try:
+            if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+                return f"{r.pipe}: not a FIFO"
+            os.write(fd, b"1")
+            return None
+        finally:
+            os.close(fd)
+
+    def collect(self, snap: Snapshot) -> None:
+        for info in snap.infos:
+            self.learn(info)
+        for p in snap.procs:
+            if p.gone:
+                self._ranks.pop(p.pid, None)
+        for pid, r in self._ranks.items():
+            for prefix in r.prefixes:
+                path = prefix + str(r.rank)
+                real = self._in_root(pid, path)
+                try:
+                    st = os.lstat(real)
+                except OSError:
+                    continue
+                key = (int(st.st_mtime_ns), st.st_size)
+                if self._seen.get(path) == key:
+                    break
+                self._seen[path] = key
+                data, err = read_capped(real)
+                snap.fr_dumps.append(FrDump(pid=pid, rank=r.rank, format="torch-fr", path=path,
+                                            data=data, source="file" if err is None else f"file: {err}"))
+                break

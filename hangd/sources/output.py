@@ -1,0 +1,63 @@
+"""Output growth: the size of the regular files a watched process writes on fd 1/2 (its log).
+
+A growing log is evidence of progress; a silent one is a hint of a stall. When a file grows, the
+newest bytes (up to ``tail_bytes``) come along so incidents can quote the last log lines.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass, field
+
+from hangd.snapshot import FileSample, Snapshot
+
+
+@dataclass
+class OutputSource:
+    name: str = "output"
+    tail_bytes: int = 4096
+    proc_root: str = "/proc"
+    _paths: dict[int, set[str]] = field(default_factory=dict)
+    _sizes: dict[str, int] = field(default_factory=dict)
+
+    def _resolve(self, pid: int, path: str) -> str:
+        # Read through the process's own root so paths inside containers resolve.
+        inside = os.path.join(self.proc_root, str(pid), "root") + path
+        return inside if os.path.exists(inside) else path
+
+    def collect(self, snap: Snapshot) -> None:
+        for info in snap.infos:
+            for target in (info.fds or {}).values():
+                if target and target.startswith("/") and not target.startswith("/dev/"):
+                    self._paths.setdefault(info.pid, set()).add(target)
+        for p in snap.procs:
+            if p.gone:
+                self._paths.pop(p.pid, None)
+        live = {p.pid for p in snap.procs if not p.gone}
+        seen: set[str] = set()
+        for pid, paths in self._paths.items():
+            if pid not in live:
+                continue
+            for path in paths:
+                if path in seen:
+                    continue
+                seen.add(path)
+                real = self._resolve(pid, path)
+                try:
+                    st = os.stat(real)
+                except OSError:
+                    continue
+                if not stat.S_ISREG(st.st_mode):
+                    continue
+                size = st.st_size
+                tail = None
+                if size != self._sizes.get(path):
+                    try:
+                        with open(real, "rb") as f:
+                            f.seek(max(0, size - self.tail_bytes))
+                            tail = f.read(self.tail_bytes).decode("utf-8", "replace")
+                    except OSError:
+                        tail = None
+                self._sizes[path] = size
+                snap.files.append(FileSample(path=path, size=size, tail=tail))

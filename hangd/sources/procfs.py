@@ -1,0 +1,293 @@
+"""/proc: the processes of GPU jobs, read without touching them.
+
+The watched set is every process holding a GPU (from the NVML readings already in the snapshot),
+their ancestors up to the launcher, their descendants, and processes whose environment looks like
+a distributed job (``MASTER_ADDR``/``RANK``/``TORCHELASTIC_RUN_ID``; configurable), which is how
+hangd finds jobs on a host without GPUs. A process that vanishes mid-read, a zombie or a denied
+read is normal: the value is absent, not an error.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from hangd.redact import DEFAULT_ENV_KEEP, filter_environ, redact_cmdline
+from hangd.snapshot import ProcInfo, ProcSample, Snapshot
+from hangd.sources.base import Unavailable
+
+CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+# Where the walk up from a GPU process stops: these are sessions and service managers, not launchers.
+STOP_COMMS = frozenset({
+    "systemd", "init", "sshd", "bash", "sh", "zsh", "fish", "dash", "tmux: server", "tmux",
+    "screen", "SCREEN", "containerd-shim", "containerd-shim-runc-v2", "sudo", "su", "login",
+    "slurmstepd", "srun", "sbatch", "docker-init", "tini", "dumb-init", "conmon", "runc",
+    "pytest", "make", "code", "node", "supervisord",
+})
+MAX_ANCESTORS = 3
+DEFAULT_JOB_ENV = ("MASTER_ADDR", "TORCHELASTIC_RUN_ID")
+
+
+def _read(path: str, mode: str = "r") -> str | None:
+    try:
+        with open(path, mode) as f:
+            return f.read()
+    except (FileNotFoundError, ProcessLookupError, PermissionError, OSError):
+        return None
+
+
+def parse_stat(text: str) -> dict[str, object] | None:
+    """Fields of /proc/PID/stat that hangd uses; None if malformed."""
+    lp, rp = text.find("("), text.rfind(")")
+    if lp < 0 or rp < 0:
+        return None
+    rest = text[rp + 2 :].split()
+    if len(rest) < 22:
+        return None
+    return {
+        "comm": text[lp + 1 : rp],
+        "state": rest[0],
+        "ppid": int(rest[1]),
+        "utime": int(rest[11]),
+        "stime": int(rest[12]),
+        "threads": int(rest[17]),
+        "starttime_ticks": int(rest[19]),
+        "rss_bytes": int(rest[21]) * PAGE_SIZE,
+    }
+
+
+def parse_kv(text: str) -> dict[str, str]:
+    out = {}
+    for line in text.splitlines():
+        k, sep, v = line.partition(":")
+        if sep:
+            out[k.strip()] = v.strip()
+    return out
+
+
+def parse_environ(raw: bytes) -> dict[str, str]:
+    env = {}
+    for item in raw.split(b"\0"):
+        k, sep, v = item.partition(b"=")
+        if sep and k:
+            env[k.decode("utf-8", "replace")] = v.decode("utf-8", "replace")
+    return env
+
+
+_SLURM_RE = re.compile(r"job_(\d+)")
+_POD_RE = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
+_CONTAINER_RE = re.compile(r"([0-9a-f]{64})")
+
+
+def describe_cgroup(text: str) -> str | None:
+    """A short name for the cgroup: ``slurm:<job>``, ``k8s-pod:<uid>``, ``container:<id12>``, or
+    the cgroup path."""
+    path = ""
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3 and parts[2]:
+            path = parts[2]
+            if parts[0] == "0":
+                break
+    if not path:
+        return None
+    if m := _SLURM_RE.search(path):
+        return f"slurm:{m.group(1)}"
+    if m := _POD_RE.search(path):
+        return f"k8s-pod:{m.group(1).replace('_', '-')}"
+    if m := _CONTAINER_RE.search(path):
+        return f"container:{m.group(1)[:12]}"
+    return path
+
+
+@dataclass
+class _Known:
+    ppid: int
+    comm: str
+    start_ticks: int
+    job_env: bool = False
+    info_sent: bool = False
+
+
+@dataclass
+class ProcSource:
+    """Reads /proc for the watched set; ``proc_root`` is injectable for tests."""
+
+    proc_root: str = "/proc"
+    env_keep: tuple[str, ...] = DEFAULT_ENV_KEEP
+    job_env: tuple[str, ...] = DEFAULT_JOB_ENV
+    extra_pids: set[int] = field(default_factory=set)
+    name: str = "proc"
+    _known: dict[int, _Known] = field(default_factory=dict)
+    _watched: set[int] = field(default_factory=set)
+    _btime: float | None = None
+
+    def _p(self, pid: int, *parts: str) -> str:
+        return os.path.join(self.proc_root, str(pid), *parts)
+
+    def boot_time(self) -> float:
+        if self._btime is None:
+            text = _read(os.path.join(self.proc_root, "stat")) or ""
+            for line in text.splitlines():
+                if line.startswith("btime "):
+                    self._btime = float(line.split()[1])
+                    break
+            else:
+                self._btime = 0.0
+        return self._btime
+
+    def _discover(self) -> set[int]:
+        try:
+            pids = {int(d) for d in os.listdir(self.proc_root) if d.isdigit()}
+        except OSError as e:
+            raise Unavailable(f"cannot list {self.proc_root}: {e}", "HINT: is /proc mounted?") from e
+        for gone in set(self._known) - pids:
+            del self._known[gone]
+        for pid in pids - set(self._known):
+            st = parse_stat(_read(self._p(pid, "stat")) or "")
+            if st is None:
+                continue
+            k = _Known(ppid=int(st["ppid"]), comm=str(st["comm"]), start_ticks=int(st["starttime_ticks"]))  # type: ignore[call-overload]
+            raw = _read(self._p(pid, "environ"), "rb")
+            if raw and self.job_env:
+                env_keys = {item.partition(b"=")[0] for item in raw.split(b"\0")}  # type: ignore[union-attr]
+                k.job_env = any(key.encode() in env_keys for key in self.job_env)
+            self._known[pid] = k
+        return pids
+
+    def watched(self, gpu_pids: Iterable[int]) -> set[int]:
+        """The pids to read this tick."""
+        self._discover()
+        seeds = {p for p in gpu_pids if p in self._known} | {p for p, k in self._known.items() if k.job_env}
+        seeds |= {p for p in self.extra_pids if p in self._known}
+        children: dict[int, list[int]] = {}
+        for pid, k in self._known.items():
+            children.setdefault(k.ppid, []).append(pid)
+        out = set(seeds)
+        for pid in seeds:  # ancestors up to the launcher
+            cur = self._known[pid].ppid
+            for _ in range(MAX_ANCESTORS):
+                k = self._known.get(cur)
+                if k is None or cur <= 1 or k.comm in STOP_COMMS:
+                    break
+                out.add(cur)
+                cur = k.ppid
+        stack = list(seeds)
+        while stack:  # descendants (compile workers, dataloaders)
+            for c in children.get(stack.pop(), []):
+                if c not in out:
+                    out.add(c)
+                    stack.append(c)
+        # keep watching what we watched while it exists: a rank re-parented to init is an orphan
+        out |= {p for p in self._watched if p in self._known}
+        return out
+
+    def read_sample(self, pid: int) -> ProcSample | None:
+        st = parse_stat(_read(self._p(pid, "stat")) or "")
+        if st is None:
+            return None
+        s = ProcSample(
+            pid=pid,
+            ppid=int(st["ppid"]),  # type: ignore[call-overload]
+            comm=str(st["comm"]),
+            state=str(st["state"]),
+            utime=int(st["utime"]),  # type: ignore[call-overload]
+            stime=int(st["stime"]),  # type: ignore[call-overload]
+            threads=int(st["threads"]),  # type: ignore[call-overload]
+            rss_bytes=int(st["rss_bytes"]),  # type: ignore[call-overload]
+            start_time=self.boot_time() + int(st["starttime_ticks"]) / CLK_TCK,  # type: ignore[call-overload]
+        )
+        status = parse_kv(_read(self._p(pid, "status")) or "")
+        for key in ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"):
+            if key in status and status[key].isdigit():
+                setattr(s, key, int(status[key]))
+        if "VmSwap" in status:
+            s.swap_bytes = int(status["VmSwap"].split()[0]) * 1024
+        io = _read(self._p(pid, "io"))
+        if io:
+            s.io = {k: int(v) for k, v in parse_kv(io).items() if v.isdigit()}
+        wchan = _read(self._p(pid, "wchan"))
+        if wchan is not None:
+            s.wchan = wchan.strip() or "0"
+        if s.state != "Z":
+            counts: dict[str, int] = {}
+            try:
+                tids = os.listdir(self._p(pid, "task"))
+            except OSError:
+                tids = []
+            for tid in tids:
+                tst = parse_stat(_read(self._p(pid, "task", tid, "stat")) or "")
+                if tst is not None:
+                    counts[str(tst["state"])] = counts.get(str(tst["state"]), 0) + 1
+            s.thread_states = counts or None
+        else:
+            s.thread_states = {"Z": 1}
+        return s
+
+    def read_info(self, pid: int) -> ProcInfo | None:
+        st = parse_stat(_read(self._p(pid, "stat")) or "")
+        if st is None:
+            return None
+        info = ProcInfo(pid=pid, ppid=int(st["ppid"]))  # type: ignore[call-overload]
+        info.start_time = self.boot_time() + int(st["starttime_ticks"]) / CLK_TCK  # type: ignore[call-overload]
+        try:
+            info.exe = os.readlink(self._p(pid, "exe"))
+        except OSError:
+            pass
+        try:
+            info.cwd = os.readlink(self._p(pid, "cwd"))
+        except OSError:
+            pass
+        raw = _read(self._p(pid, "cmdline"), "rb")
+        if raw:
+            info.cmdline = redact_cmdline(a.decode("utf-8", "replace") for a in raw.rstrip(b"\0").split(b"\0"))  # type: ignore[union-attr]
+        env = _read(self._p(pid, "environ"), "rb")
+        if env is not None:
+            info.environ = filter_environ(parse_environ(env), self.env_keep)  # type: ignore[arg-type]
+        fds: dict[str, str | None] = {}
+        for fd in ("1", "2"):
+            try:
+                fds[fd] = os.readlink(self._p(pid, "fd", fd))
+            except OSError:
+                fds[fd] = None
+        info.fds = fds
+        cg = _read(self._p(pid, "cgroup"))
+        if cg:
+            info.cgroup = describe_cgroup(cg)
+        return info
+
+    def _role(self, pid: int, k: _Known, watched: set[int], gpu_pids: set[int]) -> str:
+        def is_rank(p: int) -> bool:
+            kk = self._known.get(p)
+            return p in gpu_pids or bool(kk and kk.job_env)
+
+        if any(is_rank(c) and self._known[c].ppid == pid for c in watched if c in self._known):
+            return "launcher"
+        return "worker" if is_rank(pid) else "child"
+
+    def collect(self, snap: Snapshot) -> None:
+        gpu_pids = {p.pid for g in snap.gpus for p in g.procs}
+        watched = self.watched(gpu_pids)
+        for pid in sorted(watched):
+            k = self._known.get(pid)
+            s = self.read_sample(pid)
+            if s is None or k is None:
+                snap.procs.append(ProcSample(pid=pid, gone=True))
+                self._known.pop(pid, None)
+                continue
+            s.role = self._role(pid, k, watched, gpu_pids)
+            if not k.info_sent:
+                info = self.read_info(pid)
+                if info is not None:
+                    snap.infos.append(info)
+                k.info_sent = True
+            k.ppid = s.ppid if s.ppid is not None else k.ppid
+            snap.procs.append(s)
+        for pid in self._watched - watched:
+            if pid not in self._known:
+                snap.procs.append(ProcSample(pid=pid, gone=True))
+        self._watched = {p for p in watched if p in self._known}
