@@ -7,14 +7,14 @@ import json
 import logging
 import os
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 from hangd import __version__
 from hangd.config import ConfigError, Settings, load_settings
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2, no usage dump
+    def error(self, message: str) -> NoReturn:  # one line, exit 2, no usage dump
         self.exit(2, f"hangd: {message}\n")
 
 
@@ -69,6 +69,28 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_watch(args: argparse.Namespace) -> int:
+    """Follow the node: one JSON line (or one readable line) per state change and incident change."""
+    from hangd.daemon import Loop
+
+    s = _settings(args, interval=args.interval)
+    loop = Loop(s)
+
+    def emit(snap: Any, changes: list[Any], incidents: list[Any]) -> None:
+        for c in changes:
+            d = c.to_dict()
+            d.pop("evidence", None)
+            print(json.dumps({"type": "state", **d}) if args.json else
+                  f"{c.t:.1f} pid {c.pid} rank {c.rank} {c.state}: {c.reason}", flush=True)
+        for inc in incidents:
+            print(json.dumps({"type": "incident", **inc.to_dict()}, default=str) if args.json else
+                  f"{inc.updated_at:.1f} incident #{inc.id} {inc.kind} {'open' if inc.open else 'resolved'}: {inc.summary}",
+                  flush=True)
+
+    loop.run(emit, seconds=args.seconds or None)
+    return 0
+
+
 def cmd_fr_analyze(args: argparse.Namespace) -> int:
     from hangd.flightrec.cli import analyze_paths
 
@@ -101,6 +123,12 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--json", action="store_true")
     rp.add_argument("--speed", type=float, default=0.0, help="N times real time (default: as fast as possible)")
     rp.set_defaults(func=cmd_replay)
+
+    w = sub.add_parser("watch", help="follow the node: state changes and incidents as they happen")
+    w.add_argument("--json", action="store_true", help="one JSON object a line")
+    w.add_argument("--interval", type=float, default=None, help="seconds between samples (default 1)")
+    w.add_argument("--seconds", type=float, default=0.0, help="stop after this long (default: never)")
+    w.set_defaults(func=cmd_watch)
 
     fr = sub.add_parser("fr", help="PyTorch flight-recorder dumps")
     frs = fr.add_subparsers(dest="fr_cmd", required=True, parser_class=_Parser)

@@ -99,12 +99,14 @@ class IncidentBook:
         return inc
 
     def touch(self, inc: Incident, t: float, note: str | None = None) -> None:
+        """Record that ``inc`` was refreshed; it counts as changed (for stores and watchers) only
+        when ``note`` says something new happened."""
         inc.updated_at = t
-        if note and (not inc.timeline or inc.timeline[-1].get("note") != note):
+        if note and not any(e.get("note") == note for e in inc.timeline):
             inc.timeline.append({"t": round(t, 3), "event": "updated", "note": note})
             del inc.timeline[1:-50]
-        if inc not in self.changed:
-            self.changed.append(inc)
+            if inc not in self.changed:
+                self.changed.append(inc)
 
     def resolve(self, inc: Incident, t: float, why: str) -> None:
         if inc.resolved_at is not None:

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from hangd.redact import filter_environ, redact_cmdline
 from hangd.snapshot import (
     Action,
     FileSample,
@@ -142,7 +143,13 @@ class TraceReader:
         elif kind == "proc":
             snap.procs.append(ProcSample(**_pick(ev, _PROC_FIELDS)))
         elif kind == "proc_info":
-            snap.infos.append(ProcInfo(**_pick(ev, _INFO_FIELDS)))
+            info = ProcInfo(**_pick(ev, _INFO_FIELDS))
+            # a replayed trace is a source like any other: secrets are dropped where data enters
+            if isinstance(info.environ, dict):
+                info.environ = filter_environ({str(k): str(v) for k, v in info.environ.items()})
+            if isinstance(info.cmdline, list):
+                info.cmdline = redact_cmdline(str(a) for a in info.cmdline)
+            snap.infos.append(info)
         elif kind == "file":
             size = ev.get("size")
             tail = None

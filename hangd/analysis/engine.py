@@ -282,7 +282,7 @@ class Analyzer:
         if v.kind in WAIT_VERDICTS:
             return "waiting", f"its stack is {v.why}: {v.frame}"
         recent = p.last_strong is not None and t - p.last_strong <= th.window_s
-        if not s.gpu_indexes and (s.cpu_cores or 0) >= th.busy_cpu_cores and recent:
+        if not s.gpu_indexes and (s.cpu_cores or 0) >= 0.1 and recent:
             return "busy", f"on CPU ({s.cpu_cores or 0:.1f} cores) and progressing: {p.progress_why}"
         if v.kind == "request_wait" or (s.wchan or "") in REQUEST_WCHANS:
             return "idle", (f"its stack is {v.why} ({v.frame})" if v.kind == "request_wait"
@@ -329,7 +329,7 @@ class Analyzer:
             p.local, p.local_why = loc, why
 
         # progress of the job as a whole
-        lasts = [self.procs[pid].last_progress for pid in live if self.procs[pid].last_progress is not None]
+        lasts = [x for pid in live if (x := self.procs[pid].last_progress) is not None]
         firsts = [self.view.procs[pid].first_seen for pid in live]
         last_progress = max(lasts) if lasts else (min(firsts) if firsts else t)
         quiet = t - last_progress
@@ -402,7 +402,7 @@ class Analyzer:
                 reason = (f"job hung: no rank has progressed for {quiet:.0f} s; this rank: {why}"
                           + (f" (incident #{hinc.id} {hinc.kind})" if hinc else ""))
             elif hold and p.state not in (None, "starting") and (loc == "waiting" or loc in ("quiet", "cpu", "stopped")):
-                state, reason = p.state, p.reason  # type: ignore[assignment]
+                state, reason = str(p.state), p.reason
             elif loc == "waiting":
                 others = [o for o in live if o != pid and o not in waiting]
                 state = "waiting_peer"
@@ -495,7 +495,7 @@ class Analyzer:
         inc.summary = ". ".join(parts) + "."
         inc.evidence = self._evidence(job, js, live, sigs, quiet)
         self._attach_fr(inc, js, t, touch=False)
-        self.book.touch(inc, t, f"culprit ranks {inc.culprit_ranks}" if inc.culprit_ranks else None)
+        self.book.touch(inc, t, f"culprit ranks {inc.culprit_ranks}" if inc.culprit_ranks else "no culprit identified yet")
 
     def _attach_fr(self, inc: Incident, js: _Job, t: float, touch: bool = True) -> None:
         inc.findings = [f.to_dict() for f in js.findings]
@@ -517,14 +517,20 @@ class Analyzer:
             return None
         t, samples = h.stacks[-1]
         p = self._p(pid)
-        py = next((s for s in samples if not s.native and s.threads), None) or next((s for s in samples if s.threads), None)
-        native = next((s for s in samples if s.native and s.threads), None)
+        # the newest Python-level capture and the newest native one (they may come at different ticks)
+        py = next((s for _, ss in reversed(h.stacks) for s in ss if not s.native and s.threads), None)
+        native = next((s for _, ss in reversed(h.stacks) for s in ss if s.native and s.threads), None)
+        py = py or native
         out: dict[str, Any] = {"pid": pid, "t": round(t, 3), "verdict": p.verdict.kind, "why": p.verdict.why,
                                "frame": p.verdict.frame, "frames": stackcat.summarize(py, 12) if py else [],
                                "threads": len(py.threads) if py else 0, "captures": len(h.stacks)}
         if native is not None:
             out["native_frames"] = stackcat.summarize(native, 24)
         errors = [s.error for s in samples if s.error]
+        sigs = {stackcat.signature(s) for _, ss in h.stacks for s in ss if not s.native and s.threads}
+        py_caps = sum(1 for _, ss in h.stacks for s in ss if not s.native and s.threads)
+        if py_caps >= 2:
+            out["unchanged_across_captures"] = len(sigs) == 1
         if errors:
             out["errors"] = errors
         return out
@@ -757,7 +763,7 @@ class Analyzer:
             js = self.jobs.get(job.id)
             state = "hung" if js and js.hung else "orphaned" if "orphaned" in states else \
                 max(states, key=lambda s: STATES.index(s) if s in STATES else -1)
-            lasts = [self.procs[p].last_progress for p in job.pids if p in self.procs and self.procs[p].last_progress]
+            lasts = [x for p in job.pids if p in self.procs and (x := self.procs[p].last_progress)]
             out.append({"job": job.id, "name": job.name, "state": state, "ranks": {str(r): p for p, r in job.ranks.items()},
                         "world_size": job.world_size, "launcher": job.launcher,
                         "last_progress": round(max(lasts), 3) if lasts else None})

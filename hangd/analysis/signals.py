@@ -139,9 +139,9 @@ class NodeView:
         for g in snap.gpus:
             dq = self.gpus.setdefault(g.index, deque(maxlen=1200))
             dq.append((t, g))
-            for p in g.procs:
-                self.gpu_of.setdefault(p.pid, {})[g.index] = p.used
-                self.gpu_seen_at[p.pid] = t
+            for gp in g.procs:
+                self.gpu_of.setdefault(gp.pid, {})[g.index] = gp.used
+                self.gpu_seen_at[gp.pid] = t
             if not g.procs and g.mem_used is not None:
                 base = self.gpu_baseline.get(g.index)
                 self.gpu_baseline[g.index] = g.mem_used if base is None else min(base, g.mem_used)
@@ -359,6 +359,17 @@ class ProcSignals:
 
 
 
+def _used_by(pid: int, samples: list[GpuSample]) -> list[int]:
+    """GPU memory ``pid`` held in each sample that reports it."""
+    out = []
+    for g in samples:
+        for p in g.procs:
+            if p.pid == pid and p.used is not None:
+                out.append(p.used)
+                break
+    return out
+
+
 def proc_signals(view: NodeView, pid: int, t: float, th: Thresholds) -> ProcSignals:
     h = view.procs[pid]
     start = h.first_seen
@@ -390,17 +401,13 @@ def proc_signals(view: NodeView, pid: int, t: float, th: Thresholds) -> ProcSign
         main = max(gpus, key=lambda i: gpus[i] or 0)
         gw = view.gpu_window(main, t, th.window_s)
         sig.gpu = gpu_signals(gw)
-        used = [next((p.used for p in g.procs if p.pid == pid), None) for g in gw]
-        used = [u for u in used if u is not None]
-        older = view.gpu_window(main, t - th.window_s, 1.0)
-        prev = [next((p.used for p in g.procs if p.pid == pid), None) for g in older]
-        prev = [u for u in prev if u is not None]
+        used = _used_by(pid, gw)
+        prev = _used_by(pid, view.gpu_window(main, t - th.window_s, 1.0))
         if used and prev:
             sig.gpu_mem_change = used[-1] - prev[-1]
             sig.gpu_mem_rate = sig.gpu_mem_change / th.window_s
             # the window before: growth that lasts two windows is sustained
-            before = view.gpu_window(main, t - 2 * th.window_s, 1.0)
-            pb = [u for u in (next((p.used for p in g.procs if p.pid == pid), None) for g in before) if u is not None]
+            pb = _used_by(pid, view.gpu_window(main, t - 2 * th.window_s, 1.0))
             if pb:
                 sig.gpu_mem_rate_before = (prev[-1] - pb[-1]) / th.window_s
         elif len(used) >= 2:

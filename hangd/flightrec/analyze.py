@@ -145,15 +145,17 @@ def _analyze_group(pg_key: str, dumps: dict[int, Dump]) -> list[Finding]:
                                + ", ".join(f"rank {r}: {e.input_dtypes}" for r, e in sorted(have.items())), **kwargs))
     # stuck: every rank enqueued the same seq, none completed it
     for seq in range(lo, hi + 1):
-        have = {r: seqs[r].get(seq) for r in dumps}
-        if all(e is not None for e in have.values()) and not any(e.completed for e in have.values() if e):
-            ref = next(e for e in have.values() if e)
+        if not all(seq in seqs[r] for r in dumps):
+            continue
+        have = {r: seqs[r][seq] for r in dumps}
+        if not any(e.completed for e in have.values()):
+            ref = next(iter(have.values()))
             out.append(Finding(kind="stuck", pg=pg, seq=seq, op=ref.op, ranks=sorted(have),
-                               ops={r: e.op for r, e in have.items() if e},
-                               sizes={r: e.input_sizes for r, e in have.items() if e},
-                               dtypes={r: e.input_dtypes for r, e in have.items() if e},
+                               ops={r: e.op for r, e in have.items()},
+                               sizes={r: e.input_sizes for r, e in have.items()},
+                               dtypes={r: e.input_dtypes for r, e in have.items()},
                                frames=ref.frames, numel=ref.numel(),
-                               created_ns=max((e.time_created_ns or 0) for e in have.values() if e) or None,
+                               created_ns=max((e.time_created_ns or 0) for e in have.values()) or None,
                                message=f"all ranks entered {_describe(ref)} in pg {label} and none completed it"))
             break
     return out

@@ -143,10 +143,16 @@ def normalize(raw: Any, rank: int | None, encoding: str) -> Dump:
     dump = Dump(rank=rank, version=str(raw.get("version", "?")), encoding=encoding,
                 comm_lib_version=raw.get("comm_lib_version") or raw.get("nccl_version"))
     pg_names: dict[str, str] = {}
+    statuses = [str(k) for k in (raw.get("pg_status") or {})]
     for pg_id, cfg in (raw.get("pg_config") or {}).items():
         if not isinstance(cfg, dict):
             continue
-        key = _pg_key(cfg.get("name"), cfg.get("desc"), pg_id)
+        if not cfg.get("name") and not str(pg_id) and len(statuses) == 1:
+            # Gloo leaves the group's name empty in pg_config; its status and entries use the id
+            pg_id = statuses[0]
+            key = pg_id
+        else:
+            key = _pg_key(cfg.get("name"), cfg.get("desc"), pg_id)
         pg_names[str(pg_id)] = key
         dump.pg_config[key] = {"pg_id": str(pg_id), "desc": cfg.get("desc"), "ranks": _ranks(cfg.get("ranks"))}
     for pg_id, st in (raw.get("pg_status") or {}).items():

@@ -32,11 +32,19 @@ MAX_ANCESTORS = 3
 DEFAULT_JOB_ENV = ("MASTER_ADDR", "TORCHELASTIC_RUN_ID")
 
 
-def _read(path: str, mode: str = "r") -> str | None:
+def _read(path: str) -> str | None:
     try:
-        with open(path, mode) as f:
+        with open(path) as f:
             return f.read()
-    except (FileNotFoundError, ProcessLookupError, PermissionError, OSError):
+    except OSError:  # vanished, denied, zombie: absent, not an error
+        return None
+
+
+def _read_bytes(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
         return None
 
 
@@ -152,9 +160,9 @@ class ProcSource:
             if st is None:
                 continue
             k = _Known(ppid=int(st["ppid"]), comm=str(st["comm"]), start_ticks=int(st["starttime_ticks"]))  # type: ignore[call-overload]
-            raw = _read(self._p(pid, "environ"), "rb")
+            raw = _read_bytes(self._p(pid, "environ"))
             if raw and self.job_env:
-                env_keys = {item.partition(b"=")[0] for item in raw.split(b"\0")}  # type: ignore[union-attr]
+                env_keys = {item.partition(b"=")[0] for item in raw.split(b"\0")}
                 k.job_env = any(key.encode() in env_keys for key in self.job_env)
             self._known[pid] = k
         return pids
@@ -171,11 +179,11 @@ class ProcSource:
         for pid in seeds:  # ancestors up to the launcher
             cur = self._known[pid].ppid
             for _ in range(MAX_ANCESTORS):
-                k = self._known.get(cur)
-                if k is None or cur <= 1 or k.comm in STOP_COMMS:
+                anc = self._known.get(cur)
+                if anc is None or cur <= 1 or anc.comm in STOP_COMMS:
                     break
                 out.add(cur)
-                cur = k.ppid
+                cur = anc.ppid
         stack = list(seeds)
         while stack:  # descendants (compile workers, dataloaders)
             for c in children.get(stack.pop(), []):
@@ -242,12 +250,12 @@ class ProcSource:
             info.cwd = os.readlink(self._p(pid, "cwd"))
         except OSError:
             pass
-        raw = _read(self._p(pid, "cmdline"), "rb")
+        raw = _read_bytes(self._p(pid, "cmdline"))
         if raw:
-            info.cmdline = redact_cmdline(a.decode("utf-8", "replace") for a in raw.rstrip(b"\0").split(b"\0"))  # type: ignore[union-attr]
-        env = _read(self._p(pid, "environ"), "rb")
+            info.cmdline = redact_cmdline(a.decode("utf-8", "replace") for a in raw.rstrip(b"\0").split(b"\0"))
+        env = _read_bytes(self._p(pid, "environ"))
         if env is not None:
-            info.environ = filter_environ(parse_environ(env), self.env_keep)  # type: ignore[arg-type]
+            info.environ = filter_environ(parse_environ(env), self.env_keep)
         fds: dict[str, str | None] = {}
         for fd in ("1", "2"):
             try:
@@ -273,19 +281,19 @@ class ProcSource:
         gpu_pids = {p.pid for g in snap.gpus for p in g.procs}
         watched = self.watched(gpu_pids)
         for pid in sorted(watched):
-            k = self._known.get(pid)
+            known = self._known.get(pid)
             s = self.read_sample(pid)
-            if s is None or k is None:
+            if s is None or known is None:
                 snap.procs.append(ProcSample(pid=pid, gone=True))
                 self._known.pop(pid, None)
                 continue
-            s.role = self._role(pid, k, watched, gpu_pids)
-            if not k.info_sent:
+            s.role = self._role(pid, known, watched, gpu_pids)
+            if not known.info_sent:
                 info = self.read_info(pid)
                 if info is not None:
                     snap.infos.append(info)
-                k.info_sent = True
-            k.ppid = s.ppid if s.ppid is not None else k.ppid
+                known.info_sent = True
+            known.ppid = s.ppid if s.ppid is not None else known.ppid
             snap.procs.append(s)
         for pid in self._watched - watched:
             if pid not in self._known:

@@ -1,0 +1,51 @@
+# hangd: two commands for a newcomer.
+#   make run   - create ./.venv, install hangd, start `hangd serve` (SQLite by default)
+#   make test  - create ./.venv with the test extras, install what the tests need, run them all
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: run test lint bench deps clean install uninstall
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.test-installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+run: $(VENV)/.installed
+	$(BIN)/hangd serve $(ARGS)
+
+# Debian packages the tests use: promtool/prometheus, PostgreSQL, systemd-analyze.
+deps:
+	@missing=""; \
+	command -v promtool >/dev/null || missing="$$missing prometheus"; \
+	command -v pg_ctlcluster >/dev/null || [ -x /usr/lib/postgresql/*/bin/initdb ] 2>/dev/null || missing="$$missing postgresql"; \
+	command -v systemd-analyze >/dev/null || missing="$$missing systemd"; \
+	command -v ps >/dev/null || missing="$$missing procps"; \
+	if [ -n "$$missing" ]; then \
+		echo "installing Debian packages:$$missing"; \
+		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+
+test: deps $(VENV)/.test-installed
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+lint: $(VENV)/.test-installed
+	$(BIN)/ruff check hangd tests benchmarks
+	$(BIN)/mypy
+
+bench: $(VENV)/.test-installed
+	$(BIN)/python -m benchmarks.replay
+	$(BIN)/python -m benchmarks.overhead
+	$(BIN)/python -m benchmarks.api
+
+clean:
+	rm -rf $(VENV) build *.egg-info

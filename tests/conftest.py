@@ -1,0 +1,59 @@
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "tests" / "data"
+TRACES = DATA / "traces" / "h200x2"
+WORKLOADS = ROOT / "tests" / "workloads"
+SHARED_TRACES = sorted(p.name for p in TRACES.iterdir() if (p / "trace.jsonl").exists())
+BENIGN = ("idle_server", "compute", "train", "load", "graph_capture")
+PLANTED_SECRET = "hf_EXAMPLEsecret"
+
+
+def hangd_cmd() -> list[str]:
+    return [sys.executable, "-m", "hangd"]
+
+
+def run_hangd(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
+    out = subprocess.run([*hangd_cmd(), *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    if check and out.returncode != 0:
+        raise AssertionError(f"hangd {' '.join(args)} exited {out.returncode}: {out.stderr[-2000:]}")
+    return out
+
+
+@pytest.fixture
+def trace_copy(tmp_path: Path):
+    def copy(name: str) -> Path:
+        dst = tmp_path / name
+        shutil.copytree(TRACES / name, dst)
+        return dst
+    return copy
+
+
+def torch_available() -> bool:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_children():
+    """Every test cleans up what it starts: a child it leaves running fails it."""
+    import psutil
+
+    me = psutil.Process()
+    before = {c.pid for c in me.children(recursive=True)}
+    yield
+    left = [c for c in me.children(recursive=True) if c.pid not in before and c.status() != psutil.STATUS_ZOMBIE]
+    if left:
+        for c in left:
+            c.kill()
+        raise AssertionError(f"test left child processes running: {[(c.pid, c.name()) for c in left]}")

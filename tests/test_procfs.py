@@ -1,0 +1,147 @@
+"""The /proc source against real child processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from hangd.redact import REDACTED
+from hangd.snapshot import Snapshot
+from hangd.sources.output import OutputSource
+from hangd.sources.procfs import ProcSource, describe_cgroup, parse_stat
+
+CHILD_ENV = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999", "RANK": "0", "WORLD_SIZE": "1",
+             "HF_TOKEN": "hf_EXAMPLEsecretEXAMPLEsecret", "NCCL_DEBUG": "WARN",
+             "WANDB_API_KEY": "abc123", "TORCH_STORE_URL": "https://user:pw@example.invalid/x"}
+
+
+def spawn(code: str, **kw) -> subprocess.Popen:
+    env = dict(os.environ, **CHILD_ENV)
+    return subprocess.Popen([sys.executable, "-c", code], env=env, **kw)
+
+
+def collect(src: ProcSource) -> Snapshot:
+    snap = Snapshot(t=time.time())
+    src.collect(snap)
+    return snap
+
+
+def sample_of(snap: Snapshot, pid: int):
+    return next((p for p in snap.procs if p.pid == pid), None)
+
+
+def test_sleeping_and_spinning_children():
+    sleeper = spawn("import time; time.sleep(60)")
+    spinner = spawn("while True: pass")
+    try:
+        time.sleep(0.5)
+        src = ProcSource()
+        collect(src)
+        time.sleep(0.5)
+        snap = collect(src)
+        s, r = sample_of(snap, sleeper.pid), sample_of(snap, spinner.pid)
+        assert s is not None and r is not None, "job-env processes must be watched"
+        assert s.state == "S" and s.wchan and s.wchan != "0"
+        assert r.state == "R"
+        assert r.utime + r.stime > s.utime + s.stime
+        assert s.threads == 1 and s.thread_states == {"S": 1}
+        assert s.rss_bytes and s.rss_bytes > 1 << 20
+        assert s.io is not None and "rchar" in s.io
+        assert s.start_time and abs(s.start_time - time.time()) < 30
+    finally:
+        for p in (sleeper, spinner):
+            p.kill()
+            p.wait()
+
+
+def test_info_once_with_secrets_redacted_and_needed_keys_only():
+    child = spawn("import time; time.sleep(60)")
+    try:
+        time.sleep(0.3)
+        src = ProcSource()
+        first = collect(src)
+        info = next(i for i in first.infos if i.pid == child.pid)
+        assert info.environ["MASTER_ADDR"] == "127.0.0.1"
+        assert info.environ["NCCL_DEBUG"] == "WARN"
+        assert "HF_TOKEN" not in info.environ and "WANDB_API_KEY" not in info.environ
+        assert info.environ["TORCH_STORE_URL"] == f"https://user:{REDACTED}@example.invalid/x"
+        assert "hf_EXAMPLE" not in repr(info)
+        assert info.cmdline[0] == sys.executable
+        second = collect(src)
+        assert not [i for i in second.infos if i.pid == child.pid], "static facts are read once"
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_zombie_and_vanishing_processes_are_normal():
+    child = spawn("import sys; sys.exit(0)")
+    src = ProcSource(extra_pids={child.pid})
+    for _ in range(50):  # until it is a zombie (we have not reaped it)
+        st = parse_stat(Path(f"/proc/{child.pid}/stat").read_text())
+        if st and st["state"] == "Z":
+            break
+        time.sleep(0.05)
+    snap = collect(src)
+    z = sample_of(snap, child.pid)
+    assert z is not None and z.state == "Z" and z.thread_states == {"Z": 1}
+    child.wait()  # reap: it vanishes
+    snap = collect(src)
+    gone = sample_of(snap, child.pid)
+    assert gone is not None and gone.gone
+    assert src.read_sample(child.pid) is None  # vanished mid-read: absent, not an error
+
+
+def test_descendants_and_launcher_are_watched():
+    code = ("import subprocess,sys,time,os; "
+            "c=subprocess.Popen([sys.executable,'-c','import time; time.sleep(60)']); time.sleep(60)")
+    parent = spawn(code)
+    try:
+        time.sleep(1.0)
+        src = ProcSource(job_env=("NO_SUCH_KEY",), extra_pids={parent.pid})
+        snap = collect(src)
+        pids = {p.pid for p in snap.procs}
+        kids = [int(x) for x in Path(f"/proc/{parent.pid}/task/{parent.pid}/children").read_text().split()]
+        assert parent.pid in pids and set(kids) <= pids
+        assert next(p for p in snap.procs if p.pid == parent.pid).role == "child"
+        # a GPU holder's parent is its launcher (NVML names GPU holders; here we name the child)
+        src2 = ProcSource(job_env=("NO_SUCH_KEY",))
+        w = src2.watched(gpu_pids=kids)
+        assert parent.pid in w and set(kids) <= w
+    finally:
+        for k in [int(x) for x in Path(f"/proc/{parent.pid}/task/{parent.pid}/children").read_text().split()]:
+            os.kill(k, signal.SIGKILL)
+        parent.kill()
+        parent.wait()
+
+
+def test_output_growth_of_a_process_writing_a_log(tmp_path):
+    log = tmp_path / "log.txt"
+    with open(log, "w") as f:
+        child = spawn("import time,sys\nfor i in range(200):\n print('step', i, flush=True); time.sleep(0.05)",
+                      stdout=f, stderr=subprocess.STDOUT)
+    try:
+        src, out = ProcSource(), OutputSource()
+        sizes = []
+        for _ in range(4):
+            snap = collect(src)
+            out.collect(snap)
+            sizes += [fs.size for fs in snap.files if fs.path == str(log)]
+            time.sleep(0.3)
+        assert len(sizes) >= 3 and sizes[-1] > sizes[0], sizes
+        tails = [fs.tail for fs in snap.files if fs.path == str(log)]
+        assert tails and "step" in tails[0]
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_cgroup_names():
+    assert describe_cgroup("0::/system.slice/slurmstepd.scope/job_4242/step_0") == "slurm:4242"
+    assert describe_cgroup("0::/kubepods/burstable/pod1234abcd-12ab-34cd-56ef-1234567890ab/" + "a" * 64).startswith("k8s-pod:1234abcd")
+    assert describe_cgroup("0::/docker/" + "b" * 64) == "container:" + "b" * 12
+    assert describe_cgroup("0::/user.slice") == "/user.slice"

@@ -1,0 +1,85 @@
+"""`hangd record` on this machine, then `hangd replay` of it, gives back the same snapshots."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+
+from hangd.trace import TraceReader, TraceWriter
+
+from .conftest import PLANTED_SECRET, TRACES, run_hangd
+
+
+def test_record_a_live_job_then_replay_gives_the_same_snapshots(tmp_path):
+    log = tmp_path / "job.log"
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT="29777", RANK="0", WORLD_SIZE="1",
+               HF_TOKEN=PLANTED_SECRET + "XYZ")
+    with open(log, "w") as f:
+        job = subprocess.Popen([sys.executable, "-c",
+                                "import time\nfor i in range(100):\n print('step', i, flush=True); time.sleep(0.1)"],
+                               env=env, stdout=f, stderr=subprocess.STDOUT)
+    out = tmp_path / "trace"
+    try:
+        time.sleep(0.3)
+        run_hangd("record", "--out", str(out), "--seconds", "3", "--hz", "4", "--stacks-every", "1")
+    finally:
+        job.kill()
+        job.wait()
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["format"] == "hangd-trace/1" and meta["ranks"] == {"0": job.pid}
+    snaps = list(TraceReader(out).snapshots())
+    assert len(snaps) >= 8
+    procs = [p for s in snaps for p in s.procs if p.pid == job.pid]
+    assert len(procs) >= 8 and all(p.state in ("R", "S") for p in procs)
+    assert any(st.pid == job.pid and st.threads for s in snaps for st in s.stacks), "stacks were captured"
+    sizes = [f.size for s in snaps for f in s.files if f.path == str(log)]
+    assert sizes and sizes[-1] > sizes[0]
+    assert PLANTED_SECRET not in (out / "trace.jsonl").read_text()
+    # write what we read back, read it again: the same snapshots
+    again = tmp_path / "again"
+    with TraceWriter(again, {k: v for k, v in meta.items() if k not in ("t_start", "t_end", "ranks", "gpus")}) as w:
+        for s in snaps:
+            w.write(s)
+    snaps2 = list(TraceReader(again).snapshots())
+
+    def norm(s):
+        d = dataclasses.asdict(s)
+        for st in d["stacks"]:
+            st.pop("raw")
+        for f in d["files"]:
+            f.pop("tail")
+        return d
+    assert [norm(s) for s in snaps] == [norm(s) for s in snaps2]
+    doc = json.loads(run_hangd("replay", str(out), "--json").stdout)
+    states = [s for s in doc["states"] if s["pid"] == job.pid]
+    assert states and states[0]["state"] == "starting"
+
+
+def test_shared_traces_roundtrip_through_the_writer(tmp_path):
+    src = TRACES / "cpu_hang"
+    snaps = list(TraceReader(src).snapshots())
+    with TraceWriter(tmp_path / "t", {"scenario": "cpu_hang"}) as w:
+        for s in snaps:
+            w.write(s)
+    back = list(TraceReader(tmp_path / "t").snapshots())
+    assert len(back) == len(snaps)
+    assert [len(s.gpus) for s in back] == [len(s.gpus) for s in snaps]
+    assert [p.pid for s in back for p in s.procs] == [p.pid for s in snaps for p in s.procs]
+    assert sum(len(s.stacks) for s in back) == sum(len(s.stacks) for s in snaps) > 0
+    assert sum(len(s.fr_dumps) for s in back) == 2
+
+
+def test_replay_paced_takes_real_time():
+    t0 = time.monotonic()
+    run_hangd("replay", str(TRACES / "idle_server"), "--speed", "20")
+    took = time.monotonic() - t0
+    assert took >= 16.0 / 20 * 0.8, took  # idle_server spans ~16 s
+
+
+def test_bad_trace_dir_is_a_clean_error(tmp_path):
+    out = run_hangd("replay", str(tmp_path), check=False)
+    assert out.returncode == 2 and "Traceback" not in out.stderr and "trace.jsonl" in out.stderr

@@ -1,0 +1,93 @@
+"""py-spy against a real Python child, and the parsers on recorded dumps."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from hangd.analysis import stackcat
+from hangd.sources.base import Unavailable
+from hangd.sources.stacks import StackSource, parse_pyspy_json, parse_pyspy_text
+
+from .conftest import TRACES
+
+CHILD = """
+import threading, time
+def wait_here():
+    threading.Event().wait()
+wait_here()
+"""
+
+
+def test_pyspy_dumps_a_real_child_without_stopping_it():
+    child = subprocess.Popen([sys.executable, "-c", CHILD])
+    try:
+        time.sleep(1.0)
+        src = StackSource()
+        s = src.dump(child.pid)
+        assert s.error is None, s.error
+        assert s.seconds is not None and s.seconds < 5
+        main = stackcat.main_thread(s)
+        assert main is not None
+        names = [f.name for f in main.frames]
+        assert "wait_here" in names
+        assert stackcat.classify([s]).kind == "lock_wait"
+        assert child.poll() is None, "the child must keep running"
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_pyspy_missing_is_unavailable_with_hint():
+    src = StackSource(pyspy="/nonexistent/py-spy")
+    src.pyspy = None
+    with pytest.raises(Unavailable) as e:
+        src.check()
+    assert "HINT" in str(e.value)
+
+
+def test_pyspy_on_a_vanished_pid_reports_error():
+    s = StackSource().dump(2**22 - 3)
+    assert s.error and not s.threads
+
+
+def test_parsers_on_recorded_dumps():
+    js = parse_pyspy_json((TRACES / "cpu_hang/files/stack_1666_50_json.json").read_text())
+    assert js[0].name == "MainThread" and js[0].frames[0].name == "broadcast"
+    assert js[0].frames[0].filename == "torch/distributed/distributed_c10d.py"
+    tx = parse_pyspy_text((TRACES / "nccl_stall/files/stack_1412_50_native.txt").read_text())
+    assert tx[0].tid == 1412 and tx[0].active is False
+    assert [f.name for f in tx[0].frames if not f.native] == ["forever", "<module>"]
+    assert tx[0].frames[0].native and tx[0].frames[0].name == "clock_nanosleep"
+
+
+@pytest.mark.parametrize("frames,kind", [
+    ([("socket.py", "socket.accept")], "request_wait"),
+    ([("torch/distributed/distributed_c10d.py", "all_reduce")], "collective"),
+    ([("safetensors/torch.py", "load_file")], "loading"),
+    ([("torch/_inductor/compile_fx.py", "compile_fx")], "compiling"),
+    ([("torch/cuda/graphs.py", "capture_begin")], "graph_capture"),
+    ([("sglang/srt/model_executor/cuda_graph_runner.py", "capture")], "graph_capture"),
+    ([("sglang/srt/managers/scheduler.py", "event_loop_normal")], "request_wait"),
+    ([("vllm/v1/engine/core.py", "run_busy_loop")], "request_wait"),
+    ([("megatron/core/tensor_parallel/mappings.py", "_reduce")], "collective"),
+    ([("threading.py", "Event.wait"), ("torch/distributed/distributed_c10d.py", "barrier")], "collective"),
+    ([("workload.py", "forever")], "unknown"),
+])
+def test_catalog(frames, kind):
+    from hangd.snapshot import Frame, ThreadStack
+
+    th = ThreadStack(tid=1, name="MainThread", active=False, owns_gil=False,
+                     frames=[Frame(name=n, filename=f, line=1) for f, n in frames])
+    assert stackcat.classify_thread(th).kind == kind
+
+
+def test_catalog_is_data():
+    rules = stackcat.load_catalog('[[rule]]\nkind = "custom"\npriority = 99\npatterns = ["my_wait"]\n')
+    from hangd.snapshot import Frame, ThreadStack
+
+    th = ThreadStack(tid=1, name="MainThread", active=False, owns_gil=False, frames=[Frame("my_wait", "x.py", 1)])
+    assert stackcat.classify_thread(th, rules).kind == "custom"
