@@ -37,7 +37,7 @@ def cmd_record(args: argparse.Namespace) -> int:
     if args.hz <= 0 or args.seconds <= 0:
         raise ConfigError("--hz and --seconds must be > 0")
     s = _settings(args)
-    res = record(s, args.out, args.seconds, args.hz, stacks_every=args.stacks_every)
+    res = record(s, args.out, args.seconds, args.hz, stacks_every=args.stacks_every, fr_every=args.fr_every)
     print(f"recorded {res['snapshots']} snapshots to {res['out']}")
     return 0
 
@@ -116,6 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("--seconds", type=float, default=60.0)
     rec.add_argument("--hz", type=float, default=4.0)
     rec.add_argument("--stacks-every", type=float, default=0.0, help="also dump every rank's stack this often (s)")
+    rec.add_argument("--fr-every", type=float, default=0.0,
+                     help="also ask ranks with a dump pipe for a flight-recorder dump this often (s)")
     rec.set_defaults(func=cmd_record)
 
     rp = sub.add_parser("replay", help="run a recorded trace through the analysis")

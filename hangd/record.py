@@ -18,14 +18,14 @@ from hangd.trace import TraceWriter
 
 
 def record(settings: Settings, out: str, seconds: float, hz: float, stacks_every: float = 0.0,
-           stop: Any = None) -> dict[str, Any]:
+           fr_every: float = 0.0, stop: Any = None) -> dict[str, Any]:
     node = LiveNode(settings)
     an = Analyzer()
     interval = 1.0 / hz
     meta = {"host": {"node": platform.node(), "kernel": platform.release()}, "sample_hz": hz,
             "recorder": "hangd record"}
     n = 0
-    last_stacks = 0.0
+    last_stacks = last_fr = time.monotonic()
     t_end = time.monotonic() + seconds
     with TraceWriter(out, meta) as w:
         next_t = time.monotonic()
@@ -37,6 +37,10 @@ def record(settings: Settings, out: str, seconds: float, hz: float, stacks_every
             if stacks_every > 0 and time.monotonic() - last_stacks >= stacks_every:
                 last_stacks = time.monotonic()
                 node.dump_stacks(p for j in an.job_defs.values() for p in j.pids)
+            if fr_every > 0 and time.monotonic() - last_fr >= fr_every:
+                # ask every rank with a dump pipe for a flight-recorder dump: catches silent mismatches
+                last_fr = time.monotonic()
+                node.request_fr_dumps(p for j in an.job_defs.values() for p in j.pids if node.flight.has_pipe(p))
             n += 1
             next_t += interval
             delay = next_t - time.monotonic()

@@ -68,7 +68,9 @@ class _Proc:
     progress_why: str = ""
     verdict: stackcat.Verdict = stackcat.UNKNOWN
     verdict_t: float | None = None
+    verdict_wchan: str | None = None  # where the kernel had it blocked when the stack was taken
     stack_sig: tuple[str, ...] = ()
+    stack_sig_t: float | None = None
     local: str = "quiet"
     local_why: str = ""
     spinning: bool = False
@@ -86,6 +88,8 @@ class _Job:
     episode: frozenset[int] | None = None
     episode_start: float = 0.0
     episodes: deque[tuple[float, frozenset[int]]] = field(default_factory=lambda: deque(maxlen=64))
+    blame: deque[tuple[int, frozenset[int]]] = field(default_factory=deque)  # (second, ranks waited for)
+    progress_secs: deque[int] = field(default_factory=lambda: deque(maxlen=600))  # seconds with strong progress
     exited: dict[int, float] = field(default_factory=dict)
     fr: dict[int, tuple[float, Any]] = field(default_factory=dict)  # rank -> (t, Dump)
     fr_keys: set[tuple[str, str | None, int | None]] = field(default_factory=set)
@@ -134,12 +138,17 @@ class Analyzer:
             return
         p = self._p(pid)
         v = stackcat.classify(good)
-        sig = max((stackcat.signature(s) for s in good), key=len)
-        if p.stack_sig and sig and sig != p.stack_sig:
-            self._progress(pid, t, "its stack changed between two captures", strong=True)
+        py = [s for s in good if not s.native]
+        sig = max((stackcat.signature(s) for s in py), key=len) if py else ()
+        if p.stack_sig and sig and sig != p.stack_sig and p.stack_sig_t is not None:
+            # it moved some time after the earlier capture: credit that moment, not this one
+            self._progress(pid, p.stack_sig_t + 0.01, "its stack changed between two captures", strong=True)
         if sig:
-            p.stack_sig = sig
-        p.verdict, p.verdict_t = v, t
+            p.stack_sig, p.stack_sig_t = sig, t
+        if v.known or p.verdict_t is None or t - p.verdict_t > 1.0:
+            p.verdict, p.verdict_t = v, t
+            lp = h.latest()
+            p.verdict_wchan = lp.wchan if lp is not None else None
 
     def _fr_arrived(self, snap: Snapshot, t: float) -> None:
         by_job: dict[str, list[int]] = {}
@@ -166,7 +175,10 @@ class Analyzer:
                 old_done = max((s.get("last_completed_collective") or 0 for s in prev[1].pg_status.values()), default=0)
                 new_done = max((s.get("last_completed_collective") or 0 for s in dump.pg_status.values()), default=0)
                 if new_done > old_done:
-                    self._progress(pid, t, f"flight recorder: completed collectives {old_done} -> {new_done}", strong=True)
+                    # credit when the newest completed collective was issued, not when the dump came
+                    created = [e.time_created_ns for e in dump.entries if e.completed and e.time_created_ns]
+                    at = min(t, max(created) / 1e9) if created else prev[0] + 0.01
+                    self._progress(pid, at, f"flight recorder: completed collectives {old_done} -> {new_done}", strong=True)
             js.fr[rank] = (t, dump)
             by_job.setdefault(job_id, []).append(rank)
         for job_id in by_job:
@@ -211,9 +223,9 @@ class Analyzer:
         p = self._p(pid)
         if s.state == "Z":
             return
-        if s.gpu.works(th):
+        if s.gpu.any_work() and s.gpu_work_at is not None:
             g = s.gpu
-            self._progress(pid, t, f"GPU {s.gpu_indexes[0]} working (tensor {g.tensor or 0:.0f}%, DRAM {g.dram or 0:.0f}%, "
+            self._progress(pid, s.gpu_work_at, f"GPU {s.gpu_indexes[0]} working (tensor {g.tensor or 0:.0f}%, DRAM {g.dram or 0:.0f}%, "
                            f"NVLink {g.nvlink_mibs or 0:.0f} MiB/s)" if g.has_gpm else
                            f"GPU {s.gpu_indexes[0]} memory controller {g.util_mem or 0:.0f}% busy", strong=True)
         if abs(s.gpu_mem_change) >= th.gpu_mem_change_bytes:
@@ -227,7 +239,7 @@ class Analyzer:
         else:
             p.io_since = None
         if s.log_grew_at is not None and t - s.log_grew_at <= th.window_s:
-            self._progress(pid, t, "its log grew", strong=True)
+            self._progress(pid, s.log_grew_at, "its log grew", strong=True)
         if not s.gpu_indexes and (s.rchar_per_s or 0) + (s.wchar_per_s or 0) >= th.socket_char_per_s and (s.cpu_cores or 0) >= 0.2:
             self._progress(pid, t, "it moves data (read/write syscalls)", strong=True)
         if s.rss_change is not None and abs(s.rss_change) >= th.rss_change_bytes:
@@ -237,8 +249,13 @@ class Analyzer:
         """What this process does, judged on its own."""
         th = self.th
         p = self._p(pid)
-        v = p.verdict if p.verdict_t is not None and t - p.verdict_t <= 60 and \
-            (p.last_strong is None or p.last_strong <= p.verdict_t + th.window_s) else stackcat.UNKNOWN
+        # A stack describes the process only while it stays where it was: no progress since, and
+        # blocked at the same kernel wait point (a sleeping straggler caught once inside a fast
+        # collective is not waiting in it).
+        fresh = p.verdict_t is not None and t - p.verdict_t <= 60 and \
+            (p.last_strong is None or p.last_strong <= p.verdict_t + th.window_s) and \
+            (p.verdict_wchan is None or s.wchan is None or p.verdict_wchan == s.wchan)
+        v = p.verdict if fresh else stackcat.UNKNOWN
         g = s.gpu
         works = g.works(th)
         p.spinning = False
@@ -334,6 +351,8 @@ class Analyzer:
         last_progress = max(lasts) if lasts else (min(firsts) if firsts else t)
         quiet = t - last_progress
         last_strong = max((self.procs[pid].last_strong or 0.0 for pid in live), default=0.0)
+        if last_strong and (not js.progress_secs or int(last_strong) > js.progress_secs[-1]):
+            js.progress_secs.append(int(last_strong))
 
         waiting = {pid for pid in live if locals_[pid][0] == "waiting"}
         spinning = {pid for pid in waiting if self.procs[pid].spinning}
@@ -401,7 +420,8 @@ class Analyzer:
                 state = "hung"
                 reason = (f"job hung: no rank has progressed for {quiet:.0f} s; this rank: {why}"
                           + (f" (incident #{hinc.id} {hinc.kind})" if hinc else ""))
-            elif hold and p.state not in (None, "starting") and (loc == "waiting" or loc in ("quiet", "cpu", "stopped")):
+            elif (hold or (loc == "stopped" and not waiting)) and p.state not in (None, "starting") \
+                    and loc in ("waiting", "quiet", "cpu", "stopped"):
                 state, reason = str(p.state), p.reason
             elif loc == "waiting":
                 others = [o for o in live if o != pid and o not in waiting]
@@ -418,7 +438,8 @@ class Analyzer:
             if not p.started:
                 # Setting up ends with the first sign of what the process is for: GPU work, loading,
                 # capture, compiling, a wait, a request loop, or a stack that says where it is.
-                conclusive = state in ("loading", "graph_capture", "compiling", "waiting_peer", "hung", "orphaned") \
+                conclusive = state in ("loading", "graph_capture", "compiling", "waiting_peer", "straggler", "hung",
+                                       "orphaned") \
                     or (state == "busy" and loc == "busy" and bool(sigs[pid].gpu_indexes)) \
                     or loc == "idle" or (loc == "quiet" and p.verdict.known and p.verdict_t is not None) \
                     or sigs[pid].age_s >= th.startup_max_s
@@ -612,35 +633,50 @@ class Analyzer:
         return inc if inc.kind == "rank_exited" else None
 
     def _straggler(self, job: Job, js: _Job, live: list[int], waiting: set[int], t: float) -> None:
+        """A rank that others keep waiting for while the job still progresses: in the window, the
+        seconds its peers spent waiting on it (not a hang: a hang opens its own incident)."""
         th = self.th
-        culprits = frozenset(p for p in live if p not in waiting) if waiting and len(live) > 1 else None
-        if culprits and not js.hung:
+        culprits = frozenset(p for p in live if p not in waiting) if waiting else None
+        if culprits is not None and not js.hung:
             if js.episode != culprits:
                 js.episode, js.episode_start = culprits, t
                 js.episodes.append((t, culprits))
+            if len(live) > 1 and culprits:
+                js.blame.append((int(t), culprits))
         else:
             js.episode = None
-        recent = [(tt, c) for (tt, c) in js.episodes if t - tt <= th.straggler_window_s]
-        inc = self.book.get(job.id, "straggler")
-        counts: dict[int, int] = {}
-        for _, c in recent:
+        while js.blame and t - js.blame[0][0] > th.straggler_window_s:
+            js.blame.popleft()
+        seconds: dict[int, set[int]] = {}
+        for sec, c in js.blame:
             for p in c:
-                counts[p] = counts.get(p, 0) + 1
-        worst = [p for p, n in counts.items() if n >= th.straggler_episodes]
-        if worst and inc is None and not js.hung:
+                seconds.setdefault(p, set()).add(sec)
+        blamed = {p: len(secs) for p, secs in seconds.items() if p in live}
+        # the job must have progressed several times while they waited: else it is a hang in the making
+        first_blame = js.blame[0][0] if js.blame else t
+        progressed = sum(1 for sec in js.progress_secs if sec >= first_blame)
+        worst = [p for p, n in blamed.items() if n >= th.straggler_wait_s] if not js.hung and progressed >= 3 else []
+        inc = self.book.get(job.id, "straggler")
+        if worst and inc is None:
             inc = self.book.open_incident("straggler", job.id, t)
             inc.pids = list(job.pids)
             inc.ranks = [job.ranks[p] for p in job.pids]
-        if inc is not None:
-            if worst:
-                inc.culprit_pids = sorted(worst, key=lambda p: job.ranks.get(p, 0))
-                inc.culprit_ranks = [job.ranks[p] for p in inc.culprit_pids]
-                inc.summary = (f"rank {', '.join(map(str, inc.culprit_ranks))} made the others wait "
-                               f"{max(counts[p] for p in worst)} times in the last {th.straggler_window_s:.0f} s; "
-                               "the job still progresses")
-                self.book.touch(inc, t)
-            elif not recent or not live or t - max(tt for tt, _ in recent) > 60:
-                self.book.resolve(inc, t, "no rank has made the others wait for 60 s")
+        if inc is None:
+            return
+        if worst:
+            changed = sorted(worst, key=lambda p: job.ranks.get(p, 0)) != inc.culprit_pids
+            inc.culprit_pids = sorted(worst, key=lambda p: job.ranks.get(p, 0))
+            inc.culprit_ranks = [job.ranks[p] for p in inc.culprit_pids]
+            waiters = sorted({job.ranks[p] for p in live if p not in worst})
+            inc.summary = (f"rank {', '.join(map(str, inc.culprit_ranks))} kept rank{'s' if len(waiters) > 1 else ''} "
+                           f"{', '.join(map(str, waiters))} waiting in collectives for {max(blamed[p] for p in worst)} s "
+                           f"of the last {th.straggler_window_s:.0f} s while the job still progressed")
+            inc.evidence = {"wait_seconds_by_rank": {str(job.ranks[p]): n for p, n in blamed.items()},
+                            "culprit": {str(job.ranks[p]): self.procs[p].local_why for p in worst}}
+            self.book.touch(inc, t, f"culprit ranks {inc.culprit_ranks}" if changed else None)
+        elif not live or js.hung or not js.blame or t - js.blame[-1][0] > 60:
+            self.book.resolve(inc, t, "the job is gone or hung" if not live or js.hung else
+                              "no rank has made the others wait for 60 s")
 
     def _orphaned(self, pid: int) -> bool:
         h = self.view.procs[pid]

@@ -33,8 +33,30 @@ def _env(h: ProcHistory) -> dict[str, str]:
     return (h.info.environ or {}) if h.info else {}
 
 
+def _ancestors(view: NodeView, h: ProcHistory, depth: int = 4) -> list[ProcHistory]:
+    out = []
+    lp = h.latest()
+    cur = lp.ppid if lp is not None else h.first_ppid
+    for _ in range(depth):
+        a = view.procs.get(cur) if cur else None
+        if a is None:
+            break
+        out.append(a)
+        alp = a.latest()
+        cur = alp.ppid if alp is not None else a.first_ppid
+    return out
+
+
 def is_rank_process(view: NodeView, h: ProcHistory) -> bool:
-    """A process hangd reports a state for: it holds a GPU, or it carries a rank in its env."""
+    """A process hangd reports a state for: it holds a GPU, or it carries a rank in its env.
+    A descendant of a rank (compile workers, data loaders inherit its env) is not one."""
+    anc = _ancestors(view, h)
+    if any(a.pid in view.gpu_of for a in anc):
+        return False
+    rank = next((_env(h).get(k) for k in RANK_KEYS if _env(h).get(k) is not None), None)
+    if rank is not None and any(next((_env(a).get(k) for k in RANK_KEYS if _env(a).get(k) is not None), None) == rank
+                                for a in anc):
+        return False
     if h.pid in view.gpu_of:
         return True
     lp = h.latest()

@@ -56,8 +56,8 @@ class Thresholds:
     dwell_s: float = 2.0  # a new state must hold this long before it is reported
     stack_quiet_s: float = 3.0  # capture stacks of a job quiet this long
     stack_repeat_s: float = 5.0  # ... and again this much later, to show it is stuck
-    straggler_episodes: int = 3  # waits on the same rank within straggler_window_s
-    straggler_window_s: float = 120.0
+    straggler_wait_s: float = 10.0  # seconds peers waited on one rank within straggler_window_s
+    straggler_window_s: float = 60.0
     rank_exit_grace_s: float = 10.0
     orphan_gpu_s: float = 5.0
     unattributed_gpu_bytes: float = 2 * GiB
@@ -190,6 +190,14 @@ class NodeView:
             cmd = " ".join(h.info.cmdline or []) if h.info else ""
             if not ((lp.comm and COMPILE_COMMS.search(lp.comm)) or "compile_worker" in cmd or "_inductor" in cmd):
                 continue
+            # a warm pool of compile workers sits idle after compiling: count only busy ones
+            if len(h.samples) >= 2:
+                (t0, a), (t1, b) = h.samples[-2], h.samples[-1]
+                if None in (a.utime, a.stime, b.utime, b.stime) or t1 <= t0 or \
+                        ((b.utime + b.stime) - (a.utime + a.stime)) / 100.0 / (t1 - t0) < 0.1:  # type: ignore[operator]
+                    continue
+            elif lp.comm and not COMPILE_COMMS.search(lp.comm):
+                continue
             cur = lp.ppid
             for _ in range(4):
                 if not cur or cur <= 1:
@@ -236,7 +244,7 @@ class NodeView:
 
     # ------------------------------------------------------------------ queries
 
-    def gpu_window(self, index: int, t: float, window: float) -> list[GpuSample]:
+    def gpu_window_t(self, index: int, t: float, window: float) -> list[tuple[float, GpuSample]]:
         dq = self.gpus.get(index)
         if not dq:
             return []
@@ -245,9 +253,12 @@ class NodeView:
             if tt < t - window - 1e-6:
                 break
             if tt <= t + 1e-6:
-                out.append(g)
+                out.append((tt, g))
         out.reverse()
         return out
+
+    def gpu_window(self, index: int, t: float, window: float) -> list[GpuSample]:
+        return [g for _, g in self.gpu_window_t(index, t, window)]
 
     def proc_window(self, pid: int, t: float, window: float) -> list[tuple[float, ProcSample]]:
         h = self.procs.get(pid)
@@ -275,17 +286,20 @@ class GpuSignals:
     nvlink_mibs: float | None = None
     power_w: float | None = None
     has_gpm: bool = False
+    work_frac: float = 0.0  # share of the window's readings with real work
+    spin_frac: float = 0.0  # share of the window's readings with a kernel spinning
 
     def works(self, th: Thresholds) -> bool:
-        if self.has_gpm:
-            return ((self.tensor or 0) >= th.gpu_tensor_pct or (self.dram or 0) >= th.gpu_dram_pct
-                    or (self.nvlink_mibs or 0) >= th.gpu_nvlink_mibs)
-        return (self.util_mem or 0) >= th.gpu_util_mem_pct
+        """Most readings of the window show real work (not only a resident kernel)."""
+        return self.work_frac >= 0.5
+
+    def any_work(self) -> bool:
+        """Some reading of the window shows real work: a straggler's victim works in bursts."""
+        return self.work_frac > 0
 
     def spins(self, th: Thresholds) -> bool:
-        if (self.util or 0) < th.spin_util_pct or self.works(th):
-            return False
-        return (self.sm or 0) < th.spin_sm_max_pct if self.has_gpm else True
+        """Most readings show a kernel resident but doing nothing: a collective waiting for a peer."""
+        return self.spin_frac >= 0.5
 
     def active(self, th: Thresholds) -> bool:
         return (self.util or 0) >= th.gpu_active_util_pct or self.works(th)
@@ -298,7 +312,22 @@ def _mean(vals: list[float]) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
-def gpu_signals(samples: list[GpuSample]) -> GpuSignals:
+def _reading_works(g: GpuSample, th: Thresholds) -> bool:
+    if g.gpm:
+        nv = g.gpm.get("NVLINK_TOTAL_TX_PER_SEC", 0.0) + g.gpm.get("NVLINK_TOTAL_RX_PER_SEC", 0.0)
+        return (g.gpm.get("ANY_TENSOR_UTIL", 0.0) >= th.gpu_tensor_pct or g.gpm.get("DRAM_BW_UTIL", 0.0) >= th.gpu_dram_pct
+                or nv >= th.gpu_nvlink_mibs)
+    return (g.util_mem or 0) >= th.gpu_util_mem_pct
+
+
+def _reading_spins(g: GpuSample, th: Thresholds) -> bool:
+    if (g.util_gpu or 0) < th.spin_util_pct or _reading_works(g, th):
+        return False
+    return g.gpm.get("SM_UTIL", 0.0) < th.spin_sm_max_pct if g.gpm else True
+
+
+def gpu_signals(samples: list[GpuSample], th: Thresholds) -> GpuSignals:
+    """Means over the window, and which share of the readings show work or a spinning kernel."""
     s = GpuSignals()
     if not samples:
         return s
@@ -312,6 +341,8 @@ def gpu_signals(samples: list[GpuSample]) -> GpuSignals:
         s.tensor = _mean([x.get("ANY_TENSOR_UTIL", 0.0) for x in gpm])
         s.dram = _mean([x.get("DRAM_BW_UTIL", 0.0) for x in gpm])
         s.nvlink_mibs = _mean([x.get("NVLINK_TOTAL_TX_PER_SEC", 0.0) + x.get("NVLINK_TOTAL_RX_PER_SEC", 0.0) for x in gpm])
+    s.work_frac = sum(_reading_works(g, th) for g in samples) / len(samples)
+    s.spin_frac = sum(_reading_spins(g, th) for g in samples) / len(samples)
     return s
 
 
@@ -338,6 +369,7 @@ class ProcSignals:
     gpu_mem_rate_before: float = 0.0
     gpu_indexes: list[int] = field(default_factory=list)
     gpu: GpuSignals = field(default_factory=GpuSignals)
+    gpu_work_at: float | None = None  # time of the newest reading with real work
     log_grew_at: float | None = None
     log_kinds: set[str] = field(default_factory=set)
     compile_children: int = 0
@@ -399,8 +431,10 @@ def proc_signals(view: NodeView, pid: int, t: float, th: Thresholds) -> ProcSign
         sig.gpu_indexes = sorted(gpus)
         sig.gpu_mem = sum(v or 0 for v in gpus.values())
         main = max(gpus, key=lambda i: gpus[i] or 0)
-        gw = view.gpu_window(main, t, th.window_s)
-        sig.gpu = gpu_signals(gw)
+        gwt = view.gpu_window_t(main, t, th.window_s)
+        gw = [g for _, g in gwt]
+        sig.gpu = gpu_signals(gw, th)
+        sig.gpu_work_at = max((tt for tt, g in gwt if _reading_works(g, th)), default=None)
         used = _used_by(pid, gw)
         prev = _used_by(pid, view.gpu_window(main, t - th.window_s, 1.0))
         if used and prev:

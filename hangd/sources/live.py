@@ -69,3 +69,6 @@ class LiveNode:
 
     def dump_stacks(self, pids: Iterable[int], native: bool = False) -> None:
         self._pending.extend((p, native) for p in pids)
+
+    def request_fr_dumps(self, pids: Iterable[int]) -> None:
+        self._pending_fr.extend(pids)

@@ -118,6 +118,7 @@ class _Known:
     comm: str
     start_ticks: int
     job_env: bool = False
+    rank: str | None = None  # RANK from its environment, to tell a rank from its children
     info_sent: bool = False
 
 
@@ -161,9 +162,11 @@ class ProcSource:
                 continue
             k = _Known(ppid=int(st["ppid"]), comm=str(st["comm"]), start_ticks=int(st["starttime_ticks"]))  # type: ignore[call-overload]
             raw = _read_bytes(self._p(pid, "environ"))
-            if raw and self.job_env:
-                env_keys = {item.partition(b"=")[0] for item in raw.split(b"\0")}
-                k.job_env = any(key.encode() in env_keys for key in self.job_env)
+            if raw:
+                env = {kv.partition(b"=")[0]: kv.partition(b"=")[2] for kv in raw.split(b"\0")}
+                k.job_env = any(key.encode() in env for key in self.job_env)
+                if b"RANK" in env:
+                    k.rank = env[b"RANK"].decode("utf-8", "replace")
             self._known[pid] = k
         return pids
 
@@ -269,13 +272,29 @@ class ProcSource:
         return info
 
     def _role(self, pid: int, k: _Known, watched: set[int], gpu_pids: set[int]) -> str:
+        """worker (a rank), launcher (the parent of ranks) or child (compile workers, data loaders:
+        they inherit a rank's environment but are not ranks)."""
+        anc, cur = [], k.ppid
+        for _ in range(MAX_ANCESTORS + 1):
+            a = self._known.get(cur)
+            if a is None or cur <= 1:
+                break
+            anc.append(cur)
+            cur = a.ppid
+        if any(a in gpu_pids for a in anc):
+            return "child"
+        if k.rank is not None and any(self._known[a].rank == k.rank for a in anc):
+            return "child"
+        if pid in gpu_pids:
+            return "worker"
+
         def is_rank(p: int) -> bool:
             kk = self._known.get(p)
             return p in gpu_pids or bool(kk and kk.job_env)
 
         if any(is_rank(c) and self._known[c].ppid == pid for c in watched if c in self._known):
             return "launcher"
-        return "worker" if is_rank(pid) else "child"
+        return "worker" if k.job_env else "child"
 
     def collect(self, snap: Snapshot) -> None:
         gpu_pids = {p.pid for g in snap.gpus for p in g.procs}
