@@ -25,7 +25,8 @@ class Loop:
     """One tick every ``interval`` seconds; ``on_tick`` sees the snapshot, the state changes and
     the incidents that changed. Never raises out of a tick: a failing tick is logged and counted."""
 
-    def __init__(self, settings: Settings, node: LiveNode | None = None, analyzer: Analyzer | None = None) -> None:
+    def __init__(self, settings: Settings, node: LiveNode | None = None, analyzer: Analyzer | None = None,
+                 lock: threading.RLock | None = None) -> None:
         self.settings = settings
         self.node = node or LiveNode(settings)
         self.analyzer = analyzer or Analyzer(thresholds_from(settings))
@@ -33,7 +34,7 @@ class Loop:
         self.tick_seconds: list[float] = []
         self.ticks = 0
         self.tick_failures = 0
-        self.lock = threading.Lock()
+        self.lock = lock or threading.RLock()
 
     def tick(self) -> tuple[Snapshot, list[StateChange], list[Incident]]:
         t0 = time.perf_counter()

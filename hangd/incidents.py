@@ -84,11 +84,33 @@ class IncidentBook:
         self.open: dict[tuple[str, str], Incident] = {}
         self.all: list[Incident] = []
         self.changed: list[Incident] = []  # touched since the last drain()
+        self.adopted: dict[tuple[str, str], Incident] = {}  # open in the store when hangd started
+
+    def adopt(self, d: dict[str, Any]) -> Incident:
+        """An incident still open from before a restart: the same episode continues under its id."""
+        inc = Incident(id=int(d["id"]), kind=d["kind"], job=d["job"], opened_at=float(d["opened_at"]),
+                       severity=d.get("severity") or "critical", updated_at=d.get("updated_at"),
+                       pids=list(d.get("pids") or []), ranks=list(d.get("ranks") or []),
+                       culprit_pids=list(d.get("culprit_pids") or []), culprit_ranks=list(d.get("culprit_ranks") or []),
+                       summary=d.get("summary") or "", next_step=d.get("next_step") or "",
+                       evidence=dict(d.get("evidence") or {}), findings=list(d.get("findings") or []),
+                       timeline=list(d.get("timeline") or []), hang_started_at=d.get("hang_started_at"),
+                       acked=bool(d.get("acked")))
+        self.adopted[(inc.job, inc.family)] = inc
+        self.next_id = max(self.next_id, inc.id + 1)
+        return inc
 
     def get(self, job: str, family: str) -> Incident | None:
         return self.open.get((job, family))
 
     def open_incident(self, kind: str, job: str, t: float, **kw: Any) -> Incident:
+        old = self.adopted.pop((job, FAMILY.get(kind, kind)), None)
+        if old is not None:
+            old.updated_at = t
+            old.timeline.append({"t": round(t, 3), "event": "updated", "note": "still going on after hangd restarted"})
+            self.open[(job, old.family)] = old
+            self.changed.append(old)
+            return old
         inc = Incident(id=self.next_id, kind=kind, job=job, opened_at=t, severity=SEVERITY.get(kind, "warning"),
                        next_step=NEXT_STEP.get(kind, ""), updated_at=t, **kw)
         self.next_id += 1

@@ -1,0 +1,63 @@
+"""What the node looks like now: processes, jobs, GPUs, the state timeline, a capture on demand."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any
+
+from fastapi import APIRouter, HTTPException, Query
+
+from hangd.server.deps import AuthDep, DaemonDep
+from hangd.server.schemas import GpuOut, JobOut, ProcessOut, TimelineEntry
+
+router = APIRouter(tags=["node"], responses={401: {"description": "a token is required (hangd listens off loopback)"}})
+
+
+@router.get("/processes", response_model=list[ProcessOut], summary="Current state of every GPU process / rank")
+def processes(daemon: DaemonDep, _: AuthDep) -> list[dict[str, Any]]:
+    now = daemon.last_snapshot_t or time.time()
+    with daemon.lock:
+        procs = daemon.analyzer.process_states()
+    return [{**p, "for_s": round(max(0.0, now - p["since"]), 1)} for p in procs]
+
+
+@router.get("/jobs", response_model=list[JobOut], summary="Distributed jobs on this node and their state")
+def jobs(daemon: DaemonDep, _: AuthDep) -> list[dict[str, Any]]:
+    with daemon.lock:
+        jobs = daemon.analyzer.job_states()
+        open_by_job: dict[str, list[int]] = {}
+        for inc in daemon.analyzer.book.open.values():
+            open_by_job.setdefault(inc.job, []).append(inc.id)
+    return [{**j, "open_incidents": sorted(open_by_job.get(j["job"], []))} for j in jobs]
+
+
+@router.get("/gpus", response_model=list[GpuOut], summary="Latest readings of every GPU")
+def gpus(daemon: DaemonDep, _: AuthDep) -> list[dict[str, Any]]:
+    out = []
+    with daemon.lock:
+        for idx, dq in sorted(daemon.analyzer.view.gpus.items()):
+            if not dq:
+                continue
+            g = dq[-1][1]
+            out.append({"index": idx, "uuid": g.uuid, "name": g.name, "util_gpu": g.util_gpu, "util_mem": g.util_mem,
+                        "mem_used": g.mem_used, "mem_total": g.mem_total,
+                        "power_w": g.power_mw / 1000 if g.power_mw is not None else None, "temp_c": g.temp_c,
+                        "sm_clock": g.sm_clock, "gpm": g.gpm,
+                        "processes": [{"pid": p.pid, "used": p.used} for p in g.procs]})
+    return out
+
+
+@router.get("/timeline", response_model=list[TimelineEntry], summary="State changes, oldest first")
+def timeline(daemon: DaemonDep, _: AuthDep, pid: Annotated[int | None, Query(ge=0, le=2**31)] = None,
+             since: Annotated[float | None, Query(ge=0, le=1e11)] = None,
+             limit: Annotated[int, Query(ge=1, le=5000)] = 500) -> list[dict[str, Any]]:
+    return daemon.store.timeline(pid=pid, since=since, limit=limit)
+
+
+@router.post("/snapshot", status_code=202, summary="Capture evidence now (stacks, flight-recorder dumps)",
+             responses={409: {"description": "nothing live to capture (hangd runs a replay)"}})
+def snapshot(daemon: DaemonDep, _: AuthDep) -> dict[str, Any]:
+    res = daemon.request_snapshot()
+    if not res["accepted"]:
+        raise HTTPException(status_code=409, detail=res["why"])
+    return res

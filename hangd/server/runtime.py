@@ -1,0 +1,165 @@
+"""The daemon's moving parts: the loop thread (live node or replayed trace), the store, and what
+the API and /metrics read. One lock guards the analyzer between the loop and the readers."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from prometheus_client import Histogram
+
+from hangd.analysis.engine import Analyzer, StateChange
+from hangd.config import Settings
+from hangd.daemon import Loop, thresholds_from
+from hangd.incidents import Incident
+from hangd.replay import paced
+from hangd.snapshot import Snapshot
+from hangd.sources.base import CollectorStats
+from hangd.store.db import Batch, Store
+from hangd.trace import TraceReader
+
+log = logging.getLogger("hangd.serve")
+ADOPT_GRACE_S = 60.0  # an incident open before a restart that is not seen again this long is resolved
+RETENTION_EVERY_S = 3600.0
+
+
+class Daemon:
+    def __init__(self, settings: Settings, store: Store | None = None) -> None:
+        self.settings = settings
+        self.store = store if store is not None else Store(settings.db)
+        self.analyzer = Analyzer(thresholds_from(settings))
+        self.lock = threading.RLock()
+        self.replay = settings.replay
+        self.loop: Loop | None = None
+        if not self.replay:
+            self.loop = Loop(settings, analyzer=self.analyzer, lock=self.lock)
+        self.stop = threading.Event()
+        self.started_at = time.time()
+        self.last_tick_at: float | None = None
+        self.last_snapshot_t: float | None = None
+        self.ticks = 0
+        self.tick_failures = 0
+        self.tick_seconds: list[float] = []
+        self.tick_histogram = Histogram("hangd_tick_duration_seconds", "Cost of one sampling + analysis tick.",
+                                        registry=None, buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5))
+        self.replay_done = False
+        self._last_retention = 0.0
+        self._last_full_write = 0.0
+        self.thread: threading.Thread | None = None
+        for d in self.store.open_incidents():
+            self.analyzer.book.adopt(d)
+        self.analyzer.book.next_id = max(self.analyzer.book.next_id, self.store.max_incident_id() + 1)
+
+    # ------------------------------------------------------------------ loop
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self._run, name="hangd-loop", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        if self.replay:
+            self._run_replay()
+        else:
+            assert self.loop is not None
+            self.loop.stop = self.stop
+            self.loop.run(self._after_tick)
+
+    def _run_replay(self) -> None:
+        reader = TraceReader(self.replay)  # type: ignore[arg-type]
+        for snap in paced(reader.snapshots(), self.settings.speed):
+            if self.stop.is_set():
+                return
+            t0 = time.perf_counter()
+            try:
+                with self.lock:
+                    changes = self.analyzer.feed(snap)
+                    self.analyzer.take_requests()
+                    incidents = self.analyzer.book.drain()
+                self._record_tick(time.perf_counter() - t0)
+                self._after_tick(snap, changes, incidents)
+            except Exception:
+                self.tick_failures += 1
+                log.exception("replay tick failed")
+        self.replay_done = True
+        while not self.stop.wait(1.0):  # keep catching up if the store could not take everything
+            if self.store.pending:
+                self.store.submit_flush()
+
+    def _record_tick(self, dt: float) -> None:
+        self.tick_histogram.observe(dt)
+        self.tick_seconds.append(dt)
+        del self.tick_seconds[:-1000]
+
+    def _after_tick(self, snap: Snapshot, changes: list[StateChange], incidents: list[Incident]) -> None:
+        now = time.time()
+        self.ticks += 1
+        self.last_tick_at = now
+        self.last_snapshot_t = snap.t
+        if self.loop is not None and self.loop.tick_seconds:
+            self.tick_histogram.observe(self.loop.tick_seconds[-1])
+            self.tick_seconds = self.loop.tick_seconds
+        with self.lock:
+            self._resolve_stale_adopted(snap.t, now)
+            incidents = incidents + self.analyzer.book.drain()
+            batch = Batch(t=snap.t, incidents=[i.to_dict() for i in incidents],
+                          changes=[{k: v for k, v in c.to_dict().items() if k != "evidence"} for c in changes])
+            if now - self._last_full_write >= 10 or changes:
+                self._last_full_write = now
+                batch.processes = self.analyzer.process_states()
+                batch.jobs = self.analyzer.job_states()
+            if snap.gpus:
+                batch.gpus = [{"index": g.index, "uuid": g.uuid, "name": g.name, "mem_total": g.mem_total,
+                               "util_gpu": g.util_gpu, "gpm": g.gpm, "mem_used": g.mem_used,
+                               "power_w": g.power_mw / 1000 if g.power_mw is not None else None} for g in snap.gpus]
+        self.store.submit(batch)
+        if now - self._last_retention >= RETENTION_EVERY_S:
+            self._last_retention = now
+            self.store.retention(self.settings.retention_days)
+
+    def _resolve_stale_adopted(self, t: float, now: float) -> None:
+        book = self.analyzer.book
+        if not book.adopted or now - self.started_at < ADOPT_GRACE_S:
+            return
+        live_jobs = set(self.analyzer.job_defs)
+        for key, inc in list(book.adopted.items()):
+            if inc.job in live_jobs and inc.family == "hang":
+                continue  # the job is still here: the analysis will re-open or leave it
+            book.adopted.pop(key)
+            book.open[key] = inc
+            book.resolve(inc, t, "not seen again after hangd restarted: the job is gone or recovered")
+
+    def shutdown(self) -> None:
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join(timeout=10)
+
+    # ------------------------------------------------------------------ views for the API
+
+    def collector_stats(self) -> dict[str, CollectorStats]:
+        if self.loop is None:
+            return {"replay": CollectorStats(success=True, duration_s=0.0)}
+        return dict(self.loop.node.runner.stats)
+
+    def request_snapshot(self) -> dict[str, Any]:
+        if self.loop is None:
+            return {"accepted": False, "why": "hangd runs a replay: there is no live node to capture"}
+        with self.lock:
+            pids = [p for j in self.analyzer.job_defs.values() for p in j.pids]
+            self.loop.node.dump_stacks(pids)
+            self.loop.node.request_fr_dumps(p for p in pids if self.loop.node.flight.has_pipe(p))
+        return {"accepted": True, "pids": pids, "note": "stacks (py-spy, non-blocking) and flight-recorder dumps are "
+                "captured on the next tick and attached to the processes' evidence"}
+
+    def ready(self) -> tuple[bool, str]:
+        """Ready once the loop has sampled (or the replay ran); a degraded store still serves."""
+        store = "" if self.store.healthy else \
+            f"; store degraded: {self.store.last_error} ({len(self.store.pending)} batches queued)"
+        if self.replay_done:
+            return True, "replay finished" + store
+        if self.thread is None or not self.thread.is_alive():
+            return False, "loop not running"
+        if self.last_tick_at is None:
+            return False, "no tick yet"
+        return True, "ok" + store

@@ -1,0 +1,94 @@
+"""Public response models (the table models are in hangd/store/models.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class IncidentSummary(BaseModel):
+    id: int
+    kind: str = Field(description="nccl_stall | host_stall | io_stall | orphaned_gpu_memory | collective_mismatch | straggler | rank_exited")
+    severity: str
+    job: str
+    status: str = Field(description="open | resolved")
+    opened_at: float
+    updated_at: float | None = None
+    resolved_at: float | None = None
+    hang_started_at: float | None = None
+    acked: bool = False
+    summary: str
+    next_step: str = ""
+    pids: list[int] = []
+    ranks: list[int] = []
+    culprit_pids: list[int] = []
+    culprit_ranks: list[int] = []
+
+
+class IncidentDetail(IncidentSummary):
+    evidence: dict[str, Any] = {}
+    findings: list[Any] = []
+    timeline: list[Any] = []
+
+
+class IncidentList(BaseModel):
+    total: int
+    limit: int
+    offset: int
+    incidents: list[IncidentSummary]
+
+
+class ProcessOut(BaseModel):
+    pid: int
+    rank: int | None
+    job: str
+    state: str
+    since: float
+    for_s: float
+    reason: str
+    gpus: list[int] = []
+    gpu_mem_bytes: int | None = None
+    cpu_cores: float | None = None
+    last_progress: float | None = None
+    last_progress_why: str = ""
+
+
+class JobOut(BaseModel):
+    job: str
+    name: str
+    state: str | None
+    ranks: dict[str, int]
+    world_size: int | None = None
+    launcher: int | None = None
+    last_progress: float | None = None
+    open_incidents: list[int] = []
+
+
+class GpuOut(BaseModel):
+    index: int
+    uuid: str | None = None
+    name: str | None = None
+    util_gpu: int | None = None
+    util_mem: int | None = None
+    mem_used: int | None = None
+    mem_total: int | None = None
+    power_w: float | None = None
+    temp_c: int | None = None
+    sm_clock: int | None = None
+    gpm: dict[str, float] | None = None
+    processes: list[dict[str, Any]] = []
+
+
+class TimelineEntry(BaseModel):
+    t: float
+    pid: int
+    rank: int | None
+    job: str | None
+    state: str
+    reason: str
+
+
+class Health(BaseModel):
+    status: str
+    detail: str = ""

@@ -1,0 +1,126 @@
+"""Table models (SQLAlchemy 2.x). Public API shapes live in hangd/server/schemas.py, not here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Node(Base):
+    __tablename__ = "nodes"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    hostname: Mapped[str] = mapped_column(String(255), unique=True)
+    first_seen: Mapped[float] = mapped_column(Float)
+    last_seen: Mapped[float] = mapped_column(Float)
+
+
+class Gpu(Base):
+    __tablename__ = "gpus"
+    __table_args__ = (UniqueConstraint("node_id", "index"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id"))
+    index: Mapped[int] = mapped_column(Integer)
+    uuid: Mapped[str | None] = mapped_column(String(64))
+    name: Mapped[str | None] = mapped_column(String(128))
+    mem_total: Mapped[int | None] = mapped_column(BigInteger)
+    last_seen: Mapped[float] = mapped_column(Float)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (UniqueConstraint("node_id", "key"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id"))
+    key: Mapped[str] = mapped_column(String(255))
+    name: Mapped[str] = mapped_column(String(255))
+    state: Mapped[str | None] = mapped_column(String(32))
+    ranks: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    first_seen: Mapped[float] = mapped_column(Float)
+    last_seen: Mapped[float] = mapped_column(Float)
+
+
+class Process(Base):
+    __tablename__ = "processes"
+    __table_args__ = (UniqueConstraint("node_id", "pid", "first_seen"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id"))
+    pid: Mapped[int] = mapped_column(Integer)
+    job: Mapped[str | None] = mapped_column(String(255))
+    rank: Mapped[int | None] = mapped_column(Integer)
+    state: Mapped[str | None] = mapped_column(String(32))
+    since: Mapped[float | None] = mapped_column(Float)
+    reason: Mapped[str | None] = mapped_column(Text)
+    first_seen: Mapped[float] = mapped_column(Float)
+    last_seen: Mapped[float] = mapped_column(Float)
+
+
+class StateChange(Base):
+    __tablename__ = "state_changes"
+    __table_args__ = (Index("ix_state_changes_pid_t", "pid", "t"), Index("ix_state_changes_t", "t"))
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id"))
+    t: Mapped[float] = mapped_column(Float)
+    pid: Mapped[int] = mapped_column(Integer)
+    rank: Mapped[int | None] = mapped_column(Integer)
+    job: Mapped[str | None] = mapped_column(String(255))
+    state: Mapped[str] = mapped_column(String(32))
+    reason: Mapped[str] = mapped_column(Text)
+
+
+class Incident(Base):
+    __tablename__ = "incidents"
+    __table_args__ = (Index("ix_incidents_status_opened", "status", "opened_at"), Index("ix_incidents_opened", "opened_at"))
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id"))
+    kind: Mapped[str] = mapped_column(String(32), index=True)
+    severity: Mapped[str] = mapped_column(String(16))
+    job: Mapped[str] = mapped_column(String(255), index=True)
+    family: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(String(16))
+    opened_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float | None] = mapped_column(Float)
+    resolved_at: Mapped[float | None] = mapped_column(Float)
+    hang_started_at: Mapped[float | None] = mapped_column(Float)
+    acked: Mapped[bool] = mapped_column(Boolean, default=False)
+    acked_at: Mapped[float | None] = mapped_column(Float)
+    summary: Mapped[str] = mapped_column(Text, default="")
+    next_step: Mapped[str] = mapped_column(Text, default="")
+    pids: Mapped[list[int]] = mapped_column(JSON, default=list)
+    ranks: Mapped[list[int]] = mapped_column(JSON, default=list)
+    culprit_pids: Mapped[list[int]] = mapped_column(JSON, default=list)
+    culprit_ranks: Mapped[list[int]] = mapped_column(JSON, default=list)
+    evidence: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    findings: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    timeline: Mapped[list[Any]] = mapped_column(JSON, default=list)
+
+
+class GpuMinute(Base):
+    """Downsampled GPU history: one row per GPU per minute."""
+
+    __tablename__ = "gpu_minutes"
+    __table_args__ = (UniqueConstraint("node_id", "gpu_index", "minute"), Index("ix_gpu_minutes_minute", "minute"))
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id"))
+    gpu_index: Mapped[int] = mapped_column(Integer)
+    minute: Mapped[int] = mapped_column(Integer)  # Unix seconds // 60
+    util: Mapped[float | None] = mapped_column(Float)
+    sm: Mapped[float | None] = mapped_column(Float)
+    power_w: Mapped[float | None] = mapped_column(Float)
+    mem_used: Mapped[float | None] = mapped_column(Float)  # bytes

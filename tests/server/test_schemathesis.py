@@ -1,0 +1,20 @@
+"""Property-based requests over the OpenAPI of a real `hangd serve`: no 5xx, responses match."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from ..conftest import ROOT, TRACES
+from .conftest import serve
+
+
+def test_no_server_errors_over_the_openapi(tmp_path, served):
+    s = serve(tmp_path, "--replay", str(TRACES / "cpu_hang"), "--speed", "20")
+    served.append(s)
+    s.wait_for(lambda s: s.get("/incidents").json()["total"] >= 1, 30, "an incident")
+    out = subprocess.run([sys.executable, "-m", "schemathesis.cli", "run", f"{s.url}/openapi.json",
+                          "--checks", "not_a_server_error,response_schema_conformance,status_code_conformance",
+                          "--max-examples", "40", "--exclude-method", "POST"],
+                         capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]

@@ -1,0 +1,60 @@
+"""The store on real SQLite and a real PostgreSQL: migrations both ways, retention, a live serve."""
+
+from __future__ import annotations
+
+import time
+
+from sqlalchemy import create_engine, inspect
+
+from hangd.store.db import Batch, Store, downgrade, upgrade
+
+from ..conftest import TRACES
+from .conftest import serve
+
+TABLES = {"nodes", "gpus", "jobs", "processes", "state_changes", "incidents", "gpu_minutes", "alembic_version"}
+
+
+def _tables(url: str) -> set[str]:
+    return set(inspect(create_engine(url)).get_table_names())
+
+
+def _migrate_both_ways(url: str) -> None:
+    upgrade(url)
+    assert _tables(url) >= TABLES
+    downgrade(url, "base")
+    assert _tables(url) <= {"alembic_version"}
+    upgrade(url)
+    assert _tables(url) >= TABLES
+
+
+def test_sqlite_migrations_up_and_down(tmp_path):
+    _migrate_both_ways(f"sqlite:///{tmp_path / 'm.db'}")
+
+
+def test_postgres_migrations_up_and_down(postgres_url):
+    _migrate_both_ways(postgres_url)
+
+
+def _incident(iid: int, t: float, status_resolved: bool = False) -> dict:
+    return {"id": iid, "kind": "host_stall", "severity": "critical", "job": "j", "opened_at": t, "updated_at": t,
+            "resolved_at": t + 1 if status_resolved else None, "summary": "s", "next_step": "", "pids": [1],
+            "ranks": [0], "culprit_pids": [1], "culprit_ranks": [0], "evidence": {"x": 1}, "findings": [], "timeline": []}
+
+
+def test_retention_keeps_open_incidents(tmp_path):
+    st = Store(f"sqlite:///{tmp_path / 'r.db'}")
+    old = time.time() - 40 * 86400
+    st.submit(Batch(t=old, incidents=[_incident(1, old, True), _incident(2, old)],
+                    changes=[{"t": old, "pid": 1, "rank": 0, "job": "j", "state": "busy", "reason": "r"}]))
+    st.submit(Batch(t=time.time(), changes=[{"t": time.time(), "pid": 1, "rank": 0, "job": "j", "state": "idle", "reason": "r"}]))
+    assert st.retention(30) >= 2
+    assert st.get_incident(1) is None and st.get_incident(2) is not None
+    assert [e["state"] for e in st.timeline(pid=1)] == ["idle"]
+
+
+def test_serve_on_postgres(tmp_path, served, postgres_url):
+    s = serve(tmp_path, "--replay", str(TRACES / "cpu_hang"), "--speed", "20", db=postgres_url)
+    served.append(s)
+    incs = s.wait_for(lambda s: s.get("/incidents").json()["incidents"], 30, "an incident in PostgreSQL")
+    assert incs[0]["kind"] == "host_stall"
+    assert s.get(f"/incidents/{incs[0]['id']}").json()["evidence"]["stacks"]
