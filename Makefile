@@ -47,5 +47,25 @@ bench: $(VENV)/.test-installed
 	$(BIN)/python -m benchmarks.overhead
 	$(BIN)/python -m benchmarks.api
 
+# Install as a systemd service (run as root): a venv in $(PREFIX), the unit, an env file example.
+PREFIX ?= /opt/hangd
+install:
+	$(PYTHON) -m venv $(PREFIX)/venv
+	$(PREFIX)/venv/bin/pip install -q --upgrade pip
+	$(PREFIX)/venv/bin/pip install -q .
+	install -d $(PREFIX)/share/doc /etc/hangd
+	install -m 0644 docs/operator-guide.md $(PREFIX)/share/doc/operator-guide.md
+	install -m 0644 deploy/systemd/hangd.service /etc/systemd/system/hangd.service
+	[ -e /etc/hangd/hangd.env ] || install -m 0600 deploy/systemd/hangd.env /etc/hangd/hangd.env
+	if [ -d /run/systemd/system ]; then systemctl daemon-reload && systemctl enable --now hangd.service; fi
+	@echo "hangd installed: curl -s 127.0.0.1:9877/incidents"
+
+uninstall:
+	if [ -d /run/systemd/system ]; then systemctl disable --now hangd.service || true; fi
+	rm -f /etc/systemd/system/hangd.service
+	if [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
+	rm -rf $(PREFIX)
+	@echo "kept /etc/hangd and /var/lib/hangd (config and history); remove them by hand if you want"
+
 clean:
 	rm -rf $(VENV) build *.egg-info

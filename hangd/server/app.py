@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from hangd import __version__
@@ -36,6 +36,8 @@ def create_app(daemon: Daemon, token: str | None, loopback: bool) -> FastAPI:
     app.state.loopback = loopback
     registry = CollectorRegistry(auto_describe=False)
     registry.register(HangdCollector(daemon))
+    # hangd's own CPU and memory, like every Prometheus exporter (process_cpu_seconds_total, ...)
+    ProcessCollector(registry=registry)
 
     @app.middleware("http")
     async def limits(request: Request, call_next: Any) -> Response:

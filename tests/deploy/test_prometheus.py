@@ -1,0 +1,145 @@
+"""The shipped rules and dashboards against a real Prometheus scraping a real `hangd serve`."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from ..conftest import ROOT, TRACES
+from ..server.conftest import free_port, serve
+
+RULES = ROOT / "deploy" / "prometheus" / "hangd-rules.yml"
+DASHBOARDS = sorted((ROOT / "dashboards").glob("*.json"))
+
+
+def promtool() -> str:
+    p = shutil.which("promtool")
+    assert p, "promtool (Debian's prometheus) is installed by `make test`"
+    return p
+
+
+def test_promtool_checks_and_unit_tests_pass():
+    out = subprocess.run([promtool(), "check", "rules", str(RULES)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    tests = sorted((ROOT / "deploy" / "prometheus" / "tests").glob("*.yml"))
+    out = subprocess.run([promtool(), "test", "rules", *map(str, tests)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_dashboards_are_current_schema_with_variables():
+    assert {p.name for p in DASHBOARDS} == {"hangd-node.json", "hangd-incidents.json", "hangd-self.json"}
+    for p in DASHBOARDS:
+        d = json.loads(p.read_text())
+        assert d["schemaVersion"] >= 39
+        names = {v["name"] for v in d["templating"]["list"]}
+        assert {"datasource", "node"} <= names
+        assert all(t["datasource"]["uid"] == "${datasource}" for pan in d["panels"] for t in pan["targets"])
+    assert "job" in {v["name"] for v in json.loads((ROOT / "dashboards" / "hangd-node.json").read_text())["templating"]["list"]}
+    # the JSON is what dashboards/build.py makes: no hand edits drifted from the code
+    before = {p.name: p.read_text() for p in DASHBOARDS}
+    subprocess.run(["python3", str(ROOT / "dashboards" / "build.py")], check=True)
+    assert {p.name: p.read_text() for p in DASHBOARDS} == before
+
+
+def _exprs() -> list[tuple[str, str]]:
+    out = []
+    for p in DASHBOARDS:
+        for pan in json.loads(p.read_text())["panels"]:
+            for t in pan["targets"]:
+                out.append((f"{p.stem}: {pan['title']}", t["expr"]))
+    return out
+
+
+def _subst(expr: str) -> str:
+    return (expr.replace("$node", ".+").replace("$job", ".+").replace("$__rate_interval", "1m")
+            .replace("${__range}", "5m"))
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    """A real hangd serving a replayed nccl_stall, and a real Prometheus scraping it with our rules."""
+    tmp = tmp_path_factory.mktemp("prom")
+    running = []
+    s = serve(tmp, "--replay", str(TRACES / "nccl_stall"), "--speed", "0.5")
+    running.append(s)
+    port = free_port()
+    rules = tmp / "rules.yml"
+    # evaluate the recording group every second here (the shipped file says 15s)
+    doc = yaml.safe_load(RULES.read_text())
+    for g in doc["groups"]:
+        g["interval"] = "1s"
+    rules.write_text(yaml.safe_dump(doc))
+    (tmp / "prometheus.yml").write_text(yaml.safe_dump({
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(rules)],
+        "scrape_configs": [{"job_name": "hangd", "honor_labels": True,
+                            "static_configs": [{"targets": [s.url.removeprefix("http://")]}]}],
+    }))
+    prom = subprocess.Popen(["prometheus", f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
+                             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+                            stdout=open(tmp / "prom.log", "w"), stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    alerts_seen: list[dict] = []
+    try:
+        t_end = time.time() + 150
+        while time.time() < t_end:
+            try:
+                a = httpx.get(base + "/api/v1/alerts", timeout=5).json()["data"]["alerts"]
+                alerts_seen += [x for x in a if x["state"] == "firing"]
+                if s.get("/readyz").json()["detail"].startswith("replay finished") and alerts_seen:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        yield {"prom": base, "hangd": s, "alerts": alerts_seen, "start": time.time() - 160, "tmp": tmp}
+    finally:
+        prom.terminate()
+        prom.wait(20)
+        for x in running:
+            x.stop()
+
+
+def test_hung_job_alert_fires_from_a_real_scrape(stack):
+    hung = [a for a in stack["alerts"] if a["labels"]["alertname"] == "HangdJobHung"]
+    assert hung, (stack["tmp"] / "prom.log").read_text()[-2000:]
+    a = hung[0]
+    assert a["labels"]["kind"] == "nccl_stall" and a["labels"]["culprit_ranks"] == "1"
+    assert re.search(r"/incidents/\d+$", a["annotations"]["incident"])
+    iid = a["labels"]["id"]
+    assert stack["hangd"].get(f"/incidents/{iid}").json()["kind"] == "nccl_stall"
+
+
+@pytest.mark.parametrize("where,expr", _exprs(), ids=[w for w, _ in _exprs()])
+def test_every_dashboard_query_returns_data(stack, where, expr):
+    r = httpx.get(stack["prom"] + "/api/v1/query_range", timeout=20,
+                  params={"query": _subst(expr), "start": stack["start"], "end": time.time(), "step": "1"}).json()
+    assert r["status"] == "success", r
+    assert r["data"]["result"], f"{where}: no data for {_subst(expr)}"
+
+
+def test_every_metric_named_by_dashboards_and_rules_exists(stack):
+    text = stack["hangd"].get("/metrics").text
+    exported = set(re.findall(r"^# TYPE (\w+) ", text, re.M))
+    names = set()
+    for _, expr in _exprs():
+        names |= set(re.findall(r"\b(hangd_[a-z_]+|process_[a-z_]+)\b", expr))
+    names |= set(re.findall(r"\b(hangd_[a-z_]+)\b", RULES.read_text()))
+    recorded = set(re.findall(r"record: (\S+)", RULES.read_text()))
+    missing = set()
+    for n in names:
+        base = re.sub(r"_(bucket|count|sum|total)$", "", n)
+        if n not in exported and base not in exported:
+            missing.add(n)
+    assert not missing, missing
+    for _, expr in _exprs():
+        for r in re.findall(r"\b(hangd:[a-z_:0-9]+)", expr):
+            assert r in recorded, r
+    assert Path(RULES).exists()
