@@ -75,6 +75,8 @@ class _Proc:
     local_why: str = ""
     spinning: bool = False
     io_since: float | None = None
+    chars_since: float | None = None
+    strong_secs: deque[int] = field(default_factory=lambda: deque(maxlen=300))  # seconds with strong progress
 
 
 @dataclass
@@ -88,10 +90,10 @@ class _Job:
     episode: frozenset[int] | None = None
     episode_start: float = 0.0
     episodes: deque[tuple[float, frozenset[int]]] = field(default_factory=lambda: deque(maxlen=64))
-    blame: deque[tuple[int, frozenset[int]]] = field(default_factory=deque)  # (second, ranks waited for)
-    progress_secs: deque[int] = field(default_factory=lambda: deque(maxlen=600))  # seconds with strong progress
+    blame: deque[tuple[int, frozenset[int], frozenset[int]]] = field(default_factory=deque)  # (second, waited for, waiters)
     exited: dict[int, float] = field(default_factory=dict)
     fr: dict[int, tuple[float, Any]] = field(default_factory=dict)  # rank -> (t, Dump)
+    fr_pids: dict[int, int] = field(default_factory=dict)  # rank -> pid of the process that dumped
     fr_keys: set[tuple[str, str | None, int | None]] = field(default_factory=set)
     findings: list[Finding] = field(default_factory=list)
 
@@ -180,6 +182,8 @@ class Analyzer:
                     at = min(t, max(created) / 1e9) if created else prev[0] + 0.01
                     self._progress(pid, at, f"flight recorder: completed collectives {old_done} -> {new_done}", strong=True)
             js.fr[rank] = (t, dump)
+            if pid is not None:
+                js.fr_pids[rank] = pid
             by_job.setdefault(job_id, []).append(rank)
         for job_id in by_job:
             js = self.jobs[job_id]
@@ -196,7 +200,7 @@ class Analyzer:
                 fd = {"t": round(t, 3), "job": job_id, **f.to_dict()}
                 self.findings.append(fd)
                 if f.kind in ("op_mismatch", "size_mismatch", "dtype_mismatch"):
-                    self._mismatch_incident(job_id, f, t)
+                    self._mismatch_incident(job_id, js, f, t)
                 inc = self.book.get(job_id, "hang")
                 if inc is not None:
                     self._attach_fr(inc, js, t)
@@ -215,6 +219,8 @@ class Analyzer:
             p.progress_why = why
         if strong and (p.last_strong is None or t >= p.last_strong):
             p.last_strong = t
+        if strong and (not p.strong_secs or int(t) > p.strong_secs[-1]):
+            p.strong_secs.append(int(t))
 
     # ------------------------------------------------------------------ per process
 
@@ -240,8 +246,15 @@ class Analyzer:
             p.io_since = None
         if s.log_grew_at is not None and t - s.log_grew_at <= th.window_s:
             self._progress(pid, s.log_grew_at, "its log grew", strong=True)
-        if not s.gpu_indexes and (s.rchar_per_s or 0) + (s.wchar_per_s or 0) >= th.socket_char_per_s and (s.cpu_cores or 0) >= 0.2:
-            self._progress(pid, t, "it moves data (read/write syscalls)", strong=True)
+        if not s.gpu_indexes and (s.rchar_per_s or 0) + (s.wchar_per_s or 0) >= th.socket_char_per_s and (s.cpu_cores or 0) >= 0.02:
+            # read/write syscalls also count file reads (imports, a dump being written): only data
+            # moving for a while, as a CPU job's collectives do step after step, is progress
+            if p.chars_since is None:
+                p.chars_since = t
+            if t - p.chars_since >= 3.0:  # weak: a dump being written reads and writes too
+                self._progress(pid, t, "it moves data (read/write syscalls)", strong=False)
+        else:
+            p.chars_since = None
         if s.rss_change is not None and abs(s.rss_change) >= th.rss_change_bytes:
             self._progress(pid, t, f"host memory changed by {s.rss_change / GiB:+.2f} GiB", strong=False)
 
@@ -299,7 +312,7 @@ class Analyzer:
         if v.kind in WAIT_VERDICTS:
             return "waiting", f"its stack is {v.why}: {v.frame}"
         recent = p.last_strong is not None and t - p.last_strong <= th.window_s
-        if not s.gpu_indexes and (s.cpu_cores or 0) >= 0.1 and recent:
+        if not s.gpu_indexes and (s.cpu_cores or 0) >= 0.02 and recent:
             return "busy", f"on CPU ({s.cpu_cores or 0:.1f} cores) and progressing: {p.progress_why}"
         if v.kind == "request_wait" or (s.wchan or "") in REQUEST_WCHANS:
             return "idle", (f"its stack is {v.why} ({v.frame})" if v.kind == "request_wait"
@@ -320,6 +333,7 @@ class Analyzer:
         for job in self.job_defs.values():
             out.extend(self._evaluate_job(job, t))
         self._unattributed_memory(t)
+        self._resolve_gone_jobs(t)
         self.changes.extend(out)
         return out
 
@@ -351,8 +365,6 @@ class Analyzer:
         last_progress = max(lasts) if lasts else (min(firsts) if firsts else t)
         quiet = t - last_progress
         last_strong = max((self.procs[pid].last_strong or 0.0 for pid in live), default=0.0)
-        if last_strong and (not js.progress_secs or int(last_strong) > js.progress_secs[-1]):
-            js.progress_secs.append(int(last_strong))
 
         waiting = {pid for pid in live if locals_[pid][0] == "waiting"}
         spinning = {pid for pid in waiting if self.procs[pid].spinning}
@@ -582,15 +594,16 @@ class Analyzer:
                                             (g.power_mw or 0) / 1000, "mem_used": g.mem_used, "gpm": g.gpm}
         return ev
 
-    def _mismatch_incident(self, job_id: str, f: Finding, t: float) -> None:
+    def _mismatch_incident(self, job_id: str, js: _Job, f: Finding, t: float) -> None:
         inc = self.book.get(job_id, "mismatch")
         job = self.job_defs.get(job_id)
-        rank_pid = {r: p for p, r in job.ranks.items()} if job else {}
+        rank_pid = {**js.fr_pids, **({r: p for p, r in job.ranks.items()} if job else {})}
         if inc is None:
             inc = self.book.open_incident("collective_mismatch", job_id, t)
             inc.ranks = sorted(f.ranks)
             inc.pids = [rank_pid[r] for r in inc.ranks if r in rank_pid]
-            inc.summary = f"{f.message}. Both ranks completed it: the result is silently wrong."
+            inc.summary = (f"{f.message}. The ranks disagree on one collective: NCCL completes it with silently wrong "
+                           "results, gloo fails the job.")
             # the odd one out: the rank whose size/op differs from the majority (else the higher rank)
             vals = f.sizes if f.kind == "size_mismatch" else f.ops if f.kind == "op_mismatch" else f.dtypes
             counts: dict[str, int] = {}
@@ -642,19 +655,21 @@ class Analyzer:
                 js.episode, js.episode_start = culprits, t
                 js.episodes.append((t, culprits))
             if len(live) > 1 and culprits:
-                js.blame.append((int(t), culprits))
+                js.blame.append((int(t), culprits, frozenset(waiting)))
         else:
             js.episode = None
         while js.blame and t - js.blame[0][0] > th.straggler_window_s:
             js.blame.popleft()
         seconds: dict[int, set[int]] = {}
-        for sec, c in js.blame:
+        for sec, c, _ in js.blame:
             for p in c:
                 seconds.setdefault(p, set()).add(sec)
         blamed = {p: len(secs) for p, secs in seconds.items() if p in live}
-        # the job must have progressed several times while they waited: else it is a hang in the making
+        # the waiting ranks must have got through their collectives several times meanwhile: a rank
+        # that makes them wait for good is a hang in the making, not a straggler
         first_blame = js.blame[0][0] if js.blame else t
-        progressed = sum(1 for sec in js.progress_secs if sec >= first_blame)
+        victims = {p for _, _, w in js.blame for p in w}
+        progressed = len({sec for p in victims if p in self.procs for sec in self.procs[p].strong_secs if sec >= first_blame})
         worst = [p for p, n in blamed.items() if n >= th.straggler_wait_s] if not js.hung and progressed >= 3 else []
         inc = self.book.get(job.id, "straggler")
         if worst and inc is None:
@@ -716,6 +731,18 @@ class Analyzer:
                 self.book.touch(inc, t)
             else:
                 self.book.resolve(inc, t, "the orphaned processes are gone and their GPU memory is free")
+
+    def _resolve_gone_jobs(self, t: float) -> None:
+        """Every incident of a job whose processes are all gone is over."""
+        for (job_id, _family), inc in list(self.book.open.items()):
+            if job_id.startswith("gpu:"):
+                continue
+            job = self.job_defs.get(job_id)
+            pids = job.pids if job is not None else inc.pids
+            alive = [p for p in pids if (h := self.view.procs.get(p)) is not None and h.gone_at is None
+                     and (lp := h.latest()) is not None and lp.state not in ("Z", "X")]
+            if not alive:
+                self.book.resolve(inc, t, "the job's processes are gone")
 
     def _unattributed_memory(self, t: float) -> None:
         """GPU memory that no visible process holds (a process in another PID namespace, or a

@@ -13,11 +13,13 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import time
 from dataclasses import dataclass, field
 
 from hangd.snapshot import FrDump, ProcInfo, Snapshot
 
 MAX_DUMP_BYTES = 64 * 1024 * 1024
+GONE_GRACE_S = 60.0
 
 
 def dump_prefixes(env: dict[str, str]) -> list[str]:
@@ -69,6 +71,7 @@ class _Rank:
     rank: int
     prefixes: list[str]
     pipe: str | None
+    gone_at: float | None = None
 
 
 @dataclass
@@ -123,9 +126,14 @@ class FlightSource:
     def collect(self, snap: Snapshot) -> None:
         for info in snap.infos:
             self.learn(info)
+        # PyTorch's watchdog dumps and then aborts the process: keep looking for a rank's dump for
+        # a while after it is gone (through the path as hangd sees it, the process's root is gone).
+        now = time.monotonic()
         for p in snap.procs:
-            if p.gone:
-                self._ranks.pop(p.pid, None)
+            if p.gone and p.pid in self._ranks and self._ranks[p.pid].gone_at is None:
+                self._ranks[p.pid].gone_at = now
+        for pid in [pid for pid, r in self._ranks.items() if r.gone_at is not None and now - r.gone_at > GONE_GRACE_S]:
+            del self._ranks[pid]
         for pid, r in self._ranks.items():
             for prefix in r.prefixes:
                 path = prefix + str(r.rank)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from hangd.analysis.engine import Requests
 from hangd.config import Settings
-from hangd.snapshot import Action, Snapshot
+from hangd.snapshot import Action, Snapshot, StackSample
 from hangd.sources.base import CollectorStats, SourceRunner, Unavailable
 from hangd.sources.flight import FlightSource
 from hangd.sources.nvml import NvmlSource
@@ -33,6 +33,8 @@ class LiveNode:
         self.runner = SourceRunner(sources)
         self._pending: list[tuple[int, bool]] = []
         self._pending_fr: list[int] = []
+        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="hangd-stacks")
+        self._inflight: dict[Future[StackSample], int] = {}
 
     def sample(self) -> Snapshot:
         snap = self.runner.collect()
@@ -44,28 +46,41 @@ class LiveNode:
         self._pending_fr.extend(req.fr_dumps)
 
     def _capture(self, snap: Snapshot) -> None:
-        """Stacks and flight-recorder dumps asked for by the analysis since the last sample."""
+        """Captures the analysis asked for. Stacks are taken on worker threads so a slow py-spy
+        (or a --native dump that pauses its target) never stalls the sampling tick; finished
+        dumps join the next snapshot."""
         if self._pending_fr:
             for pid in dict.fromkeys(self._pending_fr):
                 why = self.flight.request_dump(pid)
                 snap.actions.append(Action(what="fr_dump_requested" if why is None else f"fr_dump_not_requested: {why}", pid=pid))
             self._pending_fr = []
+        done = [f for f in self._inflight if f.done()]
+        for f in done:
+            del self._inflight[f]
+            try:
+                snap.stacks.append(f.result())
+            except Exception as e:  # py-spy itself failing is reported, not raised
+                log.warning("stack capture failed: %s", e)
+        if self._pending and self.stacks is not None:
+            try:
+                self.stacks.check()
+            except Unavailable as e:
+                snap.unavailable["stacks"] = str(e)
+                self._pending = []
+        st = self.runner.stats.setdefault("stacks", CollectorStats())
+        if snap.stacks:
+            st.duration_s = max((s.seconds or 0.0) for s in snap.stacks)
+            st.success = all(s.error is None for s in snap.stacks)
         if not self._pending or self.stacks is None:
             self._pending = []
             return
-        t0 = time.perf_counter()
-        try:
-            self.stacks.check()
-        except Unavailable as e:
-            snap.unavailable["stacks"] = str(e)
-            self._pending = []
-            return
+        busy = set(self._inflight.values())
         for pid, native in dict.fromkeys(self._pending):
-            snap.stacks.append(self.stacks.dump(pid, native=native))
+            if pid in busy:
+                continue  # one capture of a process at a time
+            self._inflight[self._pool.submit(self.stacks.dump, pid, native)] = pid
+            busy.add(pid)
         self._pending = []
-        st = self.runner.stats.setdefault("stacks", CollectorStats())
-        st.duration_s = time.perf_counter() - t0
-        st.success = all(s.error is None for s in snap.stacks)
 
     def dump_stacks(self, pids: Iterable[int], native: bool = False) -> None:
         self._pending.extend((p, native) for p in pids)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -29,6 +30,7 @@ STOP_COMMS = frozenset({
     "pytest", "make", "code", "node", "supervisord",
 })
 MAX_ANCESTORS = 3
+EXEC_GRACE_S = 3.0
 DEFAULT_JOB_ENV = ("MASTER_ADDR", "TORCHELASTIC_RUN_ID")
 
 
@@ -117,6 +119,7 @@ class _Known:
     ppid: int
     comm: str
     start_ticks: int
+    seen: float = 0.0  # monotonic time hangd first saw it
     job_env: bool = False
     rank: str | None = None  # RANK from its environment, to tell a rank from its children
     info_sent: bool = False
@@ -156,19 +159,29 @@ class ProcSource:
             raise Unavailable(f"cannot list {self.proc_root}: {e}", "HINT: is /proc mounted?") from e
         for gone in set(self._known) - pids:
             del self._known[gone]
+        now = time.monotonic()
         for pid in pids - set(self._known):
             st = parse_stat(_read(self._p(pid, "stat")) or "")
             if st is None:
                 continue
-            k = _Known(ppid=int(st["ppid"]), comm=str(st["comm"]), start_ticks=int(st["starttime_ticks"]))  # type: ignore[call-overload]
-            raw = _read_bytes(self._p(pid, "environ"))
-            if raw:
-                env = {kv.partition(b"=")[0]: kv.partition(b"=")[2] for kv in raw.split(b"\0")}
-                k.job_env = any(key.encode() in env for key in self.job_env)
-                if b"RANK" in env:
-                    k.rank = env[b"RANK"].decode("utf-8", "replace")
+            k = _Known(ppid=int(st["ppid"]), comm=str(st["comm"]), start_ticks=int(st["starttime_ticks"]),  # type: ignore[call-overload]
+                       seen=now)
+            self._read_env(pid, k)
             self._known[pid] = k
+        # A process caught between fork and exec still shows its parent's environment: look again
+        # while it is young (cheap: only processes first seen in the last few seconds).
+        for pid, k in self._known.items():
+            if not k.job_env and now - k.seen < EXEC_GRACE_S:
+                self._read_env(pid, k)
         return pids
+
+    def _read_env(self, pid: int, k: _Known) -> None:
+        raw = _read_bytes(self._p(pid, "environ"))
+        if raw:
+            env = {kv.partition(b"=")[0]: kv.partition(b"=")[2] for kv in raw.split(b"\0")}
+            k.job_env = any(key.encode() in env for key in self.job_env)
+            if b"RANK" in env:
+                k.rank = env[b"RANK"].decode("utf-8", "replace")
 
     def watched(self, gpu_pids: Iterable[int]) -> set[int]:
         """The pids to read this tick."""

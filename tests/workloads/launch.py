@@ -22,7 +22,8 @@ def main() -> int:
     procs = []
     for r in range(n):
         env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r), LOCAL_RANK=str(r),
-                   WORLD_SIZE=str(n), TORCH_FR_BUFFER_SIZE="2000", PYTHONUNBUFFERED="1")
+                   WORLD_SIZE=str(n), TORCH_FR_BUFFER_SIZE="2000", PYTHONUNBUFFERED="1",
+                   TORCH_FR_DUMP_TEMP_FILE=os.path.join(log_dir, "fr_rank_"))
         out = open(os.path.join(log_dir, f"log_{r}.txt"), "w")
         procs.append(subprocess.Popen([sys.executable, "-W", "ignore", *cmd], env=env, stdout=out, stderr=subprocess.STDOUT))
     rc = 0

@@ -1,0 +1,229 @@
+"""End to end on this CPU machine: real 2- and 4-rank torch jobs over gloo, started by a
+torchrun-like launcher, watched by a real `hangd serve`, scraped by a real Prometheus that has the
+shipped rules loaded. Two waves of jobs run at once; every hang case must open the right incident
+naming the right rank, fire the hung-job alert, show in `curl /incidents`, and resolve once the job
+is gone. Detection latencies are written to e2e-latency.json in the test's tmp dir and printed.
+
+Flight recorder on gloo: the jobs dump through torch's API from a watchdog thread when no step
+completed for 8 s (the NCCL watchdog dumps on timeout; gloo has no dump pipe), to
+TORCH_FR_DUMP_TEMP_FILE, where hangd finds the files."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+import yaml
+
+from ..conftest import ROOT, WORKLOADS, torch_available
+from ..server.conftest import free_port, serve
+
+pytestmark = pytest.mark.skipif(not torch_available(), reason="torch is a test dependency")
+RULES = ROOT / "deploy" / "prometheus" / "hangd-rules.yml"
+LATENCY: dict[str, float] = {}
+
+
+class Job:
+    def __init__(self, tmp: Path, name: str, ranks: int, *args: str) -> None:
+        self.name = name
+        self.dir = tmp / name
+        self.dir.mkdir()
+        self.launcher = subprocess.Popen([sys.executable, str(WORKLOADS / "launch.py"), str(ranks), str(self.dir),
+                                          str(WORKLOADS / "gloo_job.py"), *args], cwd=ROOT, start_new_session=True,
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.pids: list[int] = []
+        t_end = time.time() + 30
+        while len(self.pids) < ranks and time.time() < t_end:
+            self.pids = [c.pid for c in psutil.Process(self.launcher.pid).children()]
+            time.sleep(0.2)
+        self.event_at: float | None = None
+
+    def log(self, rank: int) -> str:
+        p = self.dir / f"log_{rank}.txt"
+        return p.read_text() if p.exists() else ""
+
+    def kill(self) -> None:
+        for pid in self.pids:
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+        try:
+            self.launcher.kill()
+        except ProcessLookupError:
+            pass
+        self.launcher.wait()
+
+
+def _alerts(prom: str) -> list[dict]:
+    try:
+        return httpx.get(prom + "/api/v1/alerts", timeout=5).json()["data"]["alerts"]
+    except httpx.HTTPError:
+        return []
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("e2e")
+    s = serve(tmp, "--interval", "0.5", env={"HANGD_JOB_ENV": "MASTER_ADDR"})
+    port = free_port()
+    doc = yaml.safe_load(RULES.read_text())
+    for g in doc["groups"]:
+        g["interval"] = "1s"
+    (tmp / "rules.yml").write_text(yaml.safe_dump(doc))
+    (tmp / "prometheus.yml").write_text(yaml.safe_dump({
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"}, "rule_files": [str(tmp / "rules.yml")],
+        "scrape_configs": [{"job_name": "hangd", "honor_labels": True,
+                            "static_configs": [{"targets": [s.url.removeprefix("http://")]}]}]}))
+    prom = subprocess.Popen(["prometheus", f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
+                             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+                            stdout=open(tmp / "prom.log", "w"), stderr=subprocess.STDOUT)
+    w = {"hangd": s, "prom": f"http://127.0.0.1:{port}", "tmp": tmp, "jobs": {}, "firing": {}, "incidents": {}}
+    jobs: list[Job] = []
+    try:
+        # wave 1: healthy training, a 4-rank deadlock, a size mismatch
+        jobs += [Job(tmp, "healthy", 2, "train", "--steps", "0", "--step-sleep", "0.02", "--size", "262144"),
+                 Job(tmp, "deadlock", 4, "deadlock", "--steps", "150", "--step-sleep", "0.05", "--culprit", "2",
+                     "--watchdog", "8"),
+                 Job(tmp, "mismatch", 2, "size", "--steps", "5", "--size", "1024", "--step-sleep", "0")]
+        _watch(w, jobs, 75)
+        # wave 2: a rank killed, a launcher killed, a rank stopped
+        for j in jobs:
+            if j.name != "healthy":
+                j.kill()
+        wave2 = [Job(tmp, "kill", 2, "train", "--steps", "0", "--step-sleep", "0.1"),
+                 Job(tmp, "orphan", 2, "train", "--steps", "0", "--step-sleep", "0.1"),
+                 Job(tmp, "sigstop", 2, "train", "--steps", "0", "--step-sleep", "0.1")]
+        jobs += wave2
+        _wait_steps(wave2, 10, 60)
+        actions = {"kill": (signal.SIGKILL, 1), "sigstop": (signal.SIGSTOP, 1)}
+        for j in wave2:
+            if j.name in actions:
+                sig, rank = actions[j.name]
+                os.kill(j.pids[rank], sig)
+            else:
+                os.kill(j.launcher.pid, signal.SIGKILL)
+            j.event_at = time.time()
+        _watch(w, jobs, 45)
+        for j in jobs:
+            w["jobs"][j.name] = j
+        # the jobs go; their incidents must resolve
+        for j in jobs:
+            j.kill()
+        time.sleep(6)
+        w["after"] = s.get("/incidents").json()["incidents"]
+        yield w
+    finally:
+        for j in jobs:
+            j.kill()
+        prom.terminate()
+        prom.wait(20)
+        s.stop()
+        (tmp / "e2e-latency.json").write_text(json.dumps(LATENCY, indent=1))
+        print("e2e detection latency (s):", json.dumps(LATENCY))
+
+
+def _wait_steps(jobs: list[Job], steps: int, timeout: float) -> None:
+    t_end = time.time() + timeout
+    while time.time() < t_end:
+        if all(re.search(rf"step {steps}\b", j.log(0)) for j in jobs):
+            return
+        time.sleep(0.5)
+    raise AssertionError("jobs did not start training: " + " | ".join(j.log(0)[-300:] for j in jobs))
+
+
+def _watch(w: dict, jobs: list[Job], seconds: float) -> None:
+    t_end = time.time() + seconds
+    while time.time() < t_end:
+        for inc in w["hangd"].get("/incidents").json()["incidents"]:
+            w["incidents"].setdefault(inc["id"], {**inc, "seen": time.time()})
+        for a in _alerts(w["prom"]):
+            if a["state"] == "firing":
+                w["firing"].setdefault((a["labels"]["alertname"], a["labels"].get("id")), time.time())
+        time.sleep(0.5)
+
+
+def _incidents_of(w: dict, name: str) -> list[dict]:
+    pids = set(w["jobs"][name].pids)
+    return sorted((i for i in w["incidents"].values() if set(i["pids"]) & pids), key=lambda i: i["opened_at"])
+
+
+def _detail(w: dict, inc: dict) -> dict:
+    return w["hangd"].get(f"/incidents/{inc['id']}").json()
+
+
+def test_healthy_training_no_incident(world):
+    assert not _incidents_of(world, "healthy"), [_detail(world, i) for i in _incidents_of(world, "healthy")]
+    tl = world["hangd"].get("/timeline", params={"limit": 5000}).json()
+    pids = world["jobs"]["healthy"].pids
+    seen = {e["state"] for e in tl if e["pid"] in pids}
+    assert "busy" in seen and seen <= {"starting", "busy", "waiting_peer", "straggler", "gone"}, seen
+
+
+def test_deadlock_host_stall_names_the_culprit_with_stacks_and_flight_recorder(world):
+    incs = _incidents_of(world, "deadlock")
+    hangs = [i for i in incs if i["kind"] != "straggler"]
+    assert [i["kind"] for i in hangs] == ["host_stall"], [_detail(world, i) for i in incs]
+    inc = _detail(world, hangs[0])
+    job = world["jobs"]["deadlock"]
+    assert inc["culprit_ranks"] == [2] and inc["culprit_pids"] == [job.pids[2]]
+    assert set(inc["evidence"]["stacks"]) == {"0", "1", "2", "3"}
+    miss = [f for f in inc["findings"] if f["kind"] == "missing_rank"]
+    assert miss and miss[0]["missing_ranks"] == [2], inc["findings"]
+    stopped_at = float(re.search(r"t=([\d.]+)", job.log(2)).group(1))
+    LATENCY["host_stall (4-rank deadlock)"] = round(inc["opened_at"] - stopped_at, 1)
+    assert inc["opened_at"] - stopped_at <= 30
+    assert ("HangdJobHung", str(inc["id"])) in world["firing"]
+
+
+def test_size_mismatch_is_a_collective_mismatch(world):
+    incs = _incidents_of(world, "mismatch")
+    assert "collective_mismatch" in [i["kind"] for i in incs], (incs, world["jobs"]["mismatch"].log(0)[-800:],
+                                                                world["jobs"]["mismatch"].log(1)[-800:])
+    inc = _detail(world, next(i for i in incs if i["kind"] == "collective_mismatch"))
+    f = [x for x in inc["findings"] if x["kind"] == "size_mismatch"][0]
+    assert f["sizes"] == {"0": [[1024]], "1": [[2048]]}
+    assert ("HangdCollectiveMismatch", str(inc["id"])) in world["firing"]
+
+
+def test_killed_rank_is_rank_exited(world):
+    job = world["jobs"]["kill"]
+    incs = _incidents_of(world, "kill")
+    assert [i["kind"] for i in incs][:1] == ["rank_exited"], incs
+    assert incs[0]["culprit_ranks"] == [1]
+    LATENCY["rank_exited"] = round(incs[0]["opened_at"] - job.event_at, 1)
+    assert ("HangdRankExited", str(incs[0]["id"])) in world["firing"]
+
+
+def test_killed_launcher_leaves_orphaned_ranks(world):
+    job = world["jobs"]["orphan"]
+    tl = world["hangd"].get("/timeline", params={"limit": 5000}).json()
+    orphaned = {e["pid"]: e["t"] for e in tl if e["pid"] in job.pids and e["state"] == "orphaned"}
+    assert set(orphaned) == set(job.pids)
+    LATENCY["orphaned"] = round(max(orphaned.values()) - job.event_at, 1)
+
+
+def test_stopped_rank_is_the_culprit_of_the_stall(world):
+    job = world["jobs"]["sigstop"]
+    incs = [i for i in _incidents_of(world, "sigstop") if i["kind"] in ("host_stall", "nccl_stall")]
+    assert incs, _incidents_of(world, "sigstop")
+    assert incs[0]["culprit_ranks"] == [1] and incs[0]["culprit_pids"] == [job.pids[1]]
+    LATENCY["host_stall (SIGSTOP)"] = round(incs[0]["opened_at"] - job.event_at, 1)
+    assert ("HangdJobHung", str(incs[0]["id"])) in world["firing"]
+
+
+def test_no_false_incident_and_everything_resolves_once_the_jobs_are_gone(world):
+    hang = [i for i in world["incidents"].values() if i["kind"] in ("host_stall", "nccl_stall", "io_stall")]
+    assert {tuple(sorted(i["pids"])) for i in hang} <= {tuple(sorted(world["jobs"][n].pids)) for n in ("deadlock", "sigstop")}
+    still_open = [i for i in world["after"] if i["status"] == "open"]
+    assert not still_open, still_open
