@@ -30,7 +30,7 @@ def test_record_a_live_job_then_replay_gives_the_same_snapshots(tmp_path):
         job.kill()
         job.wait()
     meta = json.loads((out / "meta.json").read_text())
-    assert meta["format"] == "hangd-trace/1" and meta["ranks"] == {"0": job.pid}
+    assert meta["format"] == "hangd-trace/1" and job.pid in meta["ranks"].values()
     snaps = list(TraceReader(out).snapshots())
     assert len(snaps) >= 8
     procs = [p for s in snaps for p in s.procs if p.pid == job.pid]

@@ -370,6 +370,7 @@ class ProcSignals:
     gpu_indexes: list[int] = field(default_factory=list)
     gpu: GpuSignals = field(default_factory=GpuSignals)
     gpu_work_at: float | None = None  # time of the newest reading with real work
+    gpu_shared_idle: bool = False  # it shares its GPU and NVML shows it using none of it
     log_grew_at: float | None = None
     log_kinds: set[str] = field(default_factory=set)
     compile_children: int = 0
@@ -389,6 +390,18 @@ class ProcSignals:
         return d
 
 
+
+
+def _uses_gpu(pid: int, samples: list[GpuSample]) -> bool:
+    """Whether NVML's per-process utilization shows SM time for ``pid`` on this GPU in the window
+    (True when NVML gives no per-process data: then nothing can be told apart)."""
+    seen = False
+    for g in samples:
+        for u in g.proc_util or []:
+            seen = True
+            if u.get("pid") == pid and (u.get("sm") or 0) > 0:
+                return True
+    return not seen
 
 
 def _used_by(pid: int, samples: list[GpuSample]) -> list[int]:
@@ -435,6 +448,13 @@ def proc_signals(view: NodeView, pid: int, t: float, th: Thresholds) -> ProcSign
         gw = [g for _, g in gwt]
         sig.gpu = gpu_signals(gw, th)
         sig.gpu_work_at = max((tt for tt, g in gwt if _reading_works(g, th)), default=None)
+        # GPU readings (and GPM) are per GPU. When several processes share one (a leftover job, MPS,
+        # a second job), the per-process SM utilization says whose the activity is: a process
+        # NVML sees no SM time for does not own the GPU's work or spin.
+        if gw and len(gw[-1].procs) > 1 and not _uses_gpu(pid, gw):
+            sig.gpu = GpuSignals(util=0.0, has_gpm=sig.gpu.has_gpm, power_w=sig.gpu.power_w)
+            sig.gpu_work_at = None
+            sig.gpu_shared_idle = True
         used = _used_by(pid, gw)
         prev = _used_by(pid, view.gpu_window(main, t - th.window_s, 1.0))
         if used and prev:

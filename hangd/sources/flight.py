@@ -20,6 +20,7 @@ from hangd.snapshot import FrDump, ProcInfo, Snapshot
 
 MAX_DUMP_BYTES = 64 * 1024 * 1024
 GONE_GRACE_S = 60.0
+DEFAULTS_EVERY_S = 5.0
 
 
 def dump_prefixes(env: dict[str, str]) -> list[str]:
@@ -72,6 +73,7 @@ class _Rank:
     prefixes: list[str]
     pipe: str | None
     gone_at: float | None = None
+    explicit: bool = False  # the env names the dump file
 
 
 @dataclass
@@ -80,6 +82,7 @@ class FlightSource:
     proc_root: str = "/proc"
     _ranks: dict[int, _Rank] = field(default_factory=dict)
     _seen: dict[str, tuple[int, int]] = field(default_factory=dict)
+    _defaults_at: float = 0.0
 
     def _in_root(self, pid: int, path: str) -> str:
         inside = os.path.join(self.proc_root, str(pid), "root") + path
@@ -91,7 +94,8 @@ class FlightSource:
         if rank_s is None or not rank_s.isdigit():
             return
         rank = int(rank_s)
-        self._ranks[info.pid] = _Rank(info.pid, rank, dump_prefixes(env), pipe_path(env, rank))
+        explicit = bool(env.get("TORCH_FR_DUMP_TEMP_FILE") or env.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE"))
+        self._ranks[info.pid] = _Rank(info.pid, rank, dump_prefixes(env), pipe_path(env, rank), explicit=explicit)
 
     def locations(self) -> dict[int, dict[str, object]]:
         """pid -> where its dumps and pipe are (for the API and evidence)."""
@@ -134,7 +138,14 @@ class FlightSource:
                 self._ranks[p.pid].gone_at = now
         for pid in [pid for pid, r in self._ranks.items() if r.gone_at is not None and now - r.gone_at > GONE_GRACE_S]:
             del self._ranks[pid]
+        # Where the job names its dump file, look every tick; torch's default places (three per
+        # rank, through the job's root) every few seconds.
+        defaults_due = now - self._defaults_at >= DEFAULTS_EVERY_S
+        if defaults_due:
+            self._defaults_at = now
         for pid, r in self._ranks.items():
+            if not r.explicit and not defaults_due:
+                continue
             for prefix in r.prefixes:
                 path = prefix + str(r.rank)
                 real = self._in_root(pid, path)

@@ -31,23 +31,34 @@ STOP_COMMS = frozenset({
 })
 MAX_ANCESTORS = 3
 EXEC_GRACE_S = 3.0
+THREADS_EVERY_S = 5.0
+QUIET_REFRESH_S = 10.0
 DEFAULT_JOB_ENV = ("MASTER_ADDR", "TORCHELASTIC_RUN_ID")
 
 
-def _read(path: str) -> str | None:
+def _read_bytes(path: str) -> bytes | None:
+    """One small /proc file, with plain os calls (the hot path: several files per process per tick)."""
     try:
-        with open(path) as f:
-            return f.read()
+        fd = os.open(path, os.O_RDONLY)
     except OSError:  # vanished, denied, zombie: absent, not an error
         return None
-
-
-def _read_bytes(path: str) -> bytes | None:
     try:
-        with open(path, "rb") as f:
-            return f.read()
+        chunks = []
+        while True:
+            b = os.read(fd, 65536)
+            if not b:
+                break
+            chunks.append(b)
+        return b"".join(chunks)
     except OSError:
         return None
+    finally:
+        os.close(fd)
+
+
+def _read(path: str) -> str | None:
+    b = _read_bytes(path)
+    return b.decode("utf-8", "replace") if b is not None else None
 
 
 def parse_stat(text: str) -> dict[str, object] | None:
@@ -137,9 +148,12 @@ class ProcSource:
     _known: dict[int, _Known] = field(default_factory=dict)
     _watched: set[int] = field(default_factory=set)
     _btime: float | None = None
+    _rank_parents: set[int] = field(default_factory=set)
+    _threads_at: dict[int, tuple[float, dict[str, int]]] = field(default_factory=dict)
+    _last: dict[int, tuple[tuple[object, ...], float, ProcSample]] = field(default_factory=dict)
 
     def _p(self, pid: int, *parts: str) -> str:
-        return os.path.join(self.proc_root, str(pid), *parts)
+        return f"{self.proc_root}/{pid}/" + "/".join(parts) if parts else f"{self.proc_root}/{pid}"
 
     def boot_time(self) -> float:
         if self._btime is None:
@@ -159,6 +173,8 @@ class ProcSource:
             raise Unavailable(f"cannot list {self.proc_root}: {e}", "HINT: is /proc mounted?") from e
         for gone in set(self._known) - pids:
             del self._known[gone]
+            self._threads_at.pop(gone, None)
+            self._last.pop(gone, None)
         now = time.monotonic()
         for pid in pids - set(self._known):
             st = parse_stat(_read(self._p(pid, "stat")) or "")
@@ -225,32 +241,64 @@ class ProcSource:
             rss_bytes=int(st["rss_bytes"]),  # type: ignore[call-overload]
             start_time=self.boot_time() + int(st["starttime_ticks"]) / CLK_TCK,  # type: ignore[call-overload]
         )
-        status = parse_kv(_read(self._p(pid, "status")) or "")
-        for key in ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"):
-            if key in status and status[key].isdigit():
-                setattr(s, key, int(status[key]))
-        if "VmSwap" in status:
-            s.swap_bytes = int(status["VmSwap"].split()[0]) * 1024
+        # A process whose stat did not move (same CPU time, state, threads, memory) did nothing
+        # since the last tick: reuse the rest of its last reading instead of four more reads, and
+        # read everything anyway every QUIET_REFRESH_S. Most watched processes sleep most of the time.
+        key = (s.state, s.utime, s.stime, s.threads, s.rss_bytes)
+        now = time.monotonic()
+        prev = self._last.get(pid)
+        if prev is not None and prev[0] == key and now - prev[1] < QUIET_REFRESH_S and s.state != "D":
+            old = prev[2]
+            s.voluntary_ctxt_switches, s.nonvoluntary_ctxt_switches = old.voluntary_ctxt_switches, old.nonvoluntary_ctxt_switches
+            s.swap_bytes, s.io, s.wchan = old.swap_bytes, old.io, old.wchan
+            s.thread_states = dict(old.thread_states) if old.thread_states else None
+            return s
+        self._read_details(pid, s)
+        self._last[pid] = (key, now, s)
+        return s
+
+    def _read_details(self, pid: int, s: ProcSample) -> None:
+        for line in (_read(self._p(pid, "status")) or "").splitlines():
+            if line.startswith(("voluntary_ctxt", "nonvoluntary_ctxt", "VmSwap")):
+                key, _, val = line.partition(":")
+                v = val.split()
+                if v and v[0].isdigit():
+                    if key == "VmSwap":
+                        s.swap_bytes = int(v[0]) * 1024
+                    else:
+                        setattr(s, key, int(v[0]))
         io = _read(self._p(pid, "io"))
         if io:
             s.io = {k: int(v) for k, v in parse_kv(io).items() if v.isdigit()}
         wchan = _read(self._p(pid, "wchan"))
         if wchan is not None:
             s.wchan = wchan.strip() or "0"
-        if s.state != "Z":
-            counts: dict[str, int] = {}
-            try:
-                tids = os.listdir(self._p(pid, "task"))
-            except OSError:
-                tids = []
-            for tid in tids:
-                tst = parse_stat(_read(self._p(pid, "task", tid, "stat")) or "")
-                if tst is not None:
-                    counts[str(tst["state"])] = counts.get(str(tst["state"]), 0) + 1
-            s.thread_states = counts or None
-        else:
+        if s.state == "Z":
             s.thread_states = {"Z": 1}
-        return s
+        else:
+            s.thread_states = self._thread_states(pid, s.threads or 0)
+
+    def _thread_states(self, pid: int, nthreads: int) -> dict[str, int] | None:
+        """Per-thread state counts. A process with hundreds of threads (an inference server has
+        200+) is read every THREADS_EVERY_S seconds, a small one every tick."""
+        now = time.monotonic()
+        last = self._threads_at.get(pid)
+        if last is not None and nthreads > 32 and now - last[0] < THREADS_EVERY_S:
+            return dict(last[1])
+        counts: dict[str, int] = {}
+        try:
+            tids = os.listdir(self._p(pid, "task"))
+        except OSError:
+            tids = []
+        for tid in tids:
+            text = _read(self._p(pid, "task", tid, "stat"))
+            if text:
+                rp = text.rfind(")")
+                st = text[rp + 2 : rp + 3] if rp > 0 else ""
+                if st:
+                    counts[st] = counts.get(st, 0) + 1
+        self._threads_at[pid] = (now, counts)
+        return counts or None
 
     def read_info(self, pid: int) -> ProcInfo | None:
         st = parse_stat(_read(self._p(pid, "stat")) or "")
@@ -301,17 +349,15 @@ class ProcSource:
         if pid in gpu_pids:
             return "worker"
 
-        def is_rank(p: int) -> bool:
-            kk = self._known.get(p)
-            return p in gpu_pids or bool(kk and kk.job_env)
-
-        if any(is_rank(c) and self._known[c].ppid == pid for c in watched if c in self._known):
+        if pid in self._rank_parents:
             return "launcher"
         return "worker" if k.job_env else "child"
 
     def collect(self, snap: Snapshot) -> None:
         gpu_pids = {p.pid for g in snap.gpus for p in g.procs}
         watched = self.watched(gpu_pids)
+        self._rank_parents = {k.ppid for c in watched if (k := self._known.get(c)) is not None
+                              and (c in gpu_pids or k.job_env)}
         for pid in sorted(watched):
             known = self._known.get(pid)
             s = self.read_sample(pid)

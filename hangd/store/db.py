@@ -20,7 +20,7 @@ from typing import Any, cast
 
 from sqlalchemy import CursorResult, Engine, create_engine, delete, event, func, select
 from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, defer, sessionmaker
 
 from hangd.incidents import FAMILY
 from hangd.store import models as m
@@ -283,6 +283,8 @@ class Store:
             q = q.where(m.Incident.opened_at >= since)
         with self.Session() as s:
             total = int(s.scalar(select(func.count()).select_from(q.subquery())) or 0)
+            # a list shows summaries: leave the (large) evidence, findings and timeline in the table
+            q = q.options(defer(m.Incident.evidence), defer(m.Incident.findings), defer(m.Incident.timeline))
             rows = s.scalars(q.order_by(m.Incident.opened_at.desc(), m.Incident.id.desc()).limit(limit).offset(offset))
             return total, [incident_row_to_dict(r, with_evidence=False) for r in rows]
 

@@ -59,6 +59,58 @@ def main() -> None:
         if i % 5 == 0:
             print(f"[rank{RANK}] {time.strftime('%H:%M:%S')} step {i} loss {float(grad[0]):.4f}", flush=True)
 
+    if SCEN == "load":
+        # safetensors-like shards written by rank 0's peer before, read back to the GPU one by one
+        shards = sorted(p for p in os.listdir(OUT) if p.startswith(f"shard_{RANK}_"))
+        truth("loading", "loading")
+        held = []
+        for i, name in enumerate(shards):
+            with open(os.path.join(OUT, name), "rb") as f:
+                data = f.read()
+            held.append(torch.frombuffer(bytearray(data), dtype=torch.uint8).to(dev))
+            print(f"[rank{RANK}] {time.strftime('%H:%M:%S')} Loading safetensors checkpoint shards: {i + 1}/{len(shards)}",
+                  flush=True)
+        sync()
+        truth("idle", "done")
+        threading.Event().wait()
+
+    if SCEN == "graph_capture":
+        layers = [torch.nn.Linear(4096, 4096, device=dev, dtype=torch.bfloat16) for _ in range(48)]
+        pool = None
+        graphs = []
+        statics = []  # a graph replays on the very tensors it captured: keep them alive
+        truth("graph_capture", "graph_capture")
+        s = torch.cuda.Stream()
+        for bs in range(64, 4096 + 1, 64):
+            x = torch.randn(bs, 4096, device=dev, dtype=torch.bfloat16)
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):  # warm up outside the graph, as capture requires
+                for _ in range(3):
+                    y = x
+                    for layer in layers:
+                        y = layer(y)
+                    dist.all_reduce(y)
+            torch.cuda.current_stream().wait_stream(s)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=pool):
+                y = x
+                for layer in layers:
+                    y = layer(y)
+                dist.all_reduce(y)
+            pool = g.pool()
+            graphs.append(g)
+            statics.append((x, y))
+            print(f"[rank{RANK}] {time.strftime('%H:%M:%S')} Capturing batches (bs={bs})", flush=True)
+        sync()
+        truth("busy", "serve_graphs")
+        t_end = time.time() + 8
+        while time.time() < t_end:
+            for g in graphs:
+                g.replay()
+            sync()
+        truth("idle", "done")
+        threading.Event().wait()
+
     if SCEN == "compile":
         model = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(24)]).to(dev)
         cmodel = torch.compile(model)

@@ -1,0 +1,111 @@
+"""What hangd costs: CPU (core fraction), peak RSS and tick time while `hangd serve` watches
+10, 100 and 500 real processes at 1 Hz.
+
+python -m benchmarks.overhead [--json] [--seconds S] [--sizes 10,100,500]
+-> {"cpu_core_fraction", "rss_bytes", "tick_seconds_p50", "tick_seconds_p99", "watched_processes", "gpus", "runs": [...]}
+The headline numbers are those of the largest size. Processes are real (`python -c sleep`, one in
+ten writing a log line a second) with a torch.distributed environment, so hangd watches them all.
+On a host without GPUs the NVML part is absent: its cost on 2 H200s was measured separately
+(tests/data/traces/h200x2-live/nvml-h200.json: ~0.9 ms per tick for 2 GPUs)."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+
+from benchmarks.common import emit
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _quantile(text: str, q: float) -> float | None:
+    """A quantile from the hangd_tick_duration_seconds histogram (linear within a bucket, as Prometheus does)."""
+    buckets = [(float(le), float(v)) for le, v in re.findall(r'hangd_tick_duration_seconds_bucket\{le="([^"]+)"\} ([\d.e+]+)', text)
+               if le != "+Inf"]
+    total = re.search(r"hangd_tick_duration_seconds_count ([\d.e+]+)", text)
+    if not buckets or not total or float(total.group(1)) == 0:
+        return None
+    n = float(total.group(1))
+    rank = q * n
+    prev_le, prev_c = 0.0, 0.0
+    for le, c in buckets:
+        if c >= rank:
+            return prev_le + (le - prev_le) * ((rank - prev_c) / (c - prev_c) if c > prev_c else 1.0)
+        prev_le, prev_c = le, c
+    return buckets[-1][0]
+
+
+def run(n: int, seconds: float) -> dict:
+    tmp = Path(tempfile.mkdtemp(prefix="hangd-bench-"))
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT="29999", WORLD_SIZE=str(n))
+    procs = []
+    for i in range(n):
+        code = ("import time,sys\nwhile True:\n print('tick', flush=True); time.sleep(1)" if i % 10 == 0
+                else "import time; time.sleep(1e6)")
+        out = open(tmp / f"p{i}.log", "w")
+        procs.append(subprocess.Popen([sys.executable, "-c", code], env=dict(env, RANK=str(i)), stdout=out,
+                                      stderr=subprocess.STDOUT))
+    port = _port()
+    serve = subprocess.Popen([sys.executable, "-m", "hangd", "serve", "--listen", f"127.0.0.1:{port}", "--interval", "1",
+                              "--db", f"sqlite:///{tmp / 'h.db'}"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, env=dict(os.environ, HANGD_JOB_ENV="MASTER_ADDR"))
+    try:
+        url = f"http://127.0.0.1:{port}"
+        t_end = time.time() + 60
+        while time.time() < t_end:
+            try:
+                if len(httpx.get(url + "/processes", timeout=5).json()) >= n:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        time.sleep(5)  # warm: every process seen, static facts read
+        p = psutil.Process(serve.pid)
+        c0, t0 = p.cpu_times(), time.monotonic()
+        rss = 0
+        while time.monotonic() - t0 < seconds:
+            rss = max(rss, p.memory_info().rss)
+            time.sleep(1)
+        c1, t1 = p.cpu_times(), time.monotonic()
+        metrics = httpx.get(url + "/metrics", timeout=10).text
+        watched = len(httpx.get(url + "/processes", timeout=10).json())
+        cpu = ((c1.user + c1.system) - (c0.user + c0.system)) / (t1 - t0)
+        return {"processes": n, "watched_processes": watched, "cpu_core_fraction": round(cpu, 4), "rss_bytes": rss,
+                "tick_seconds_p50": _quantile(metrics, 0.5), "tick_seconds_p99": _quantile(metrics, 0.99)}
+    finally:
+        serve.terminate()
+        serve.wait(20)
+        for x in procs:
+            x.kill()
+        for x in procs:
+            x.wait()
+
+
+def main() -> None:
+    seconds = float(sys.argv[sys.argv.index("--seconds") + 1]) if "--seconds" in sys.argv else 30.0
+    sizes = [int(x) for x in sys.argv[sys.argv.index("--sizes") + 1].split(",")] if "--sizes" in sys.argv else [10, 100, 500]
+    runs = [run(n, seconds) for n in sizes]
+    head = runs[-1]
+    emit({"cpu_core_fraction": head["cpu_core_fraction"], "rss_bytes": head["rss_bytes"],
+          "tick_seconds_p50": head["tick_seconds_p50"], "tick_seconds_p99": head["tick_seconds_p99"],
+          "watched_processes": head["watched_processes"], "gpus": 0, "runs": runs},
+         f"hangd serve at 1 Hz, {seconds:.0f} s per size")
+
+
+if __name__ == "__main__":
+    main()

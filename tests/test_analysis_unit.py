@@ -1,0 +1,41 @@
+"""Analysis details that the recorded traces do not cover, on small hand-made snapshots."""
+
+from __future__ import annotations
+
+from hangd.analysis.engine import Analyzer
+from hangd.redact import REDACTED, filter_environ, redact_cmdline, redact_text
+from hangd.snapshot import GpuProc, GpuSample, ProcInfo, ProcSample, Snapshot
+
+SPIN = {"SM_UTIL": 18.0, "ANY_TENSOR_UTIL": 0.0, "DRAM_BW_UTIL": 0.0, "NVLINK_TOTAL_TX_PER_SEC": 0.0}
+
+
+def _snap(t: float, sm_of: dict[int, int]) -> Snapshot:
+    g = GpuSample(index=0, util_gpu=100, util_mem=0, mem_used=20 << 30, power_mw=124_000, gpm=dict(SPIN),
+                  procs=[GpuProc(pid=p, used=5 << 30) for p in sm_of],
+                  proc_util=[{"pid": p, "sm": sm, "mem": 0, "ts": 0} for p, sm in sm_of.items()])
+    procs = [ProcSample(pid=p, ppid=1, state="S", utime=0, stime=0, threads=10, wchan="futex_do_wait", rss_bytes=1 << 30,
+                        io={"read_bytes": 0, "write_bytes": 0, "rchar": 0, "wchar": 0}, role="worker") for p in sm_of]
+    infos = [ProcInfo(pid=p, ppid=1, environ={"MASTER_ADDR": "h", "MASTER_PORT": str(p), "RANK": "0"})
+             for p in sm_of] if t == 0 else []
+    return Snapshot(t=t, gpus=[g], procs=procs, infos=infos)
+
+
+def test_a_process_sharing_a_spinning_gpu_is_not_the_one_spinning():
+    an = Analyzer()
+    for i in range(120):  # 30 s at 4 Hz: pid 10 spins in a collective, pid 20 only shares the GPU
+        an.feed(_snap(i / 4, {10: 99, 20: 0}))
+    states = {s["pid"]: s["state"] for s in an.process_states()}
+    assert states[10] == "hung"
+    assert states[20] in ("starting", "idle"), states
+    assert [i.kind for i in an.book.all] == ["nccl_stall"]
+    assert an.book.all[0].pids == [10]
+
+
+def test_redaction_of_secret_keys_urls_and_flags():
+    env = filter_environ({"HF_TOKEN": "x", "NCCL_IB_HCA": "mlx5", "TORCH_HUB_PASSWORD": "p",
+                          "MASTER_ADDR": "https://u:pw@h:1", "PATH": "/bin"})
+    assert env == {"NCCL_IB_HCA": "mlx5", "TORCH_HUB_PASSWORD": REDACTED, "MASTER_ADDR": f"https://u:{REDACTED}@h:1"}
+    assert redact_cmdline(["python", "--api-key", "k", "--token=t", "s3://AKIA:sec@bucket/x"]) == \
+        ["python", "--api-key", REDACTED, f"--token={REDACTED}", f"s3://AKIA:{REDACTED}@bucket/x"]
+    assert redact_text("export WANDB_API_KEY=abc and HF_TOKEN=hf_123 ok=1") == \
+        f"export WANDB_API_KEY={REDACTED} and HF_TOKEN={REDACTED} ok=1"
