@@ -22,6 +22,7 @@ from hangd.flightrec.reader import DumpError, decode
 from hangd.incidents import HANG_KINDS, Incident, IncidentBook
 from hangd.redact import redact_text
 from hangd.snapshot import Snapshot
+from hangd.sources.ras import parse_ras_text
 
 log = logging.getLogger("hangd.analysis")
 
@@ -53,6 +54,7 @@ class Requests:
 
     stacks: list[tuple[int, bool]] = field(default_factory=list)  # (pid, native)
     fr_dumps: list[int] = field(default_factory=list)
+    ras: bool = False  # ask NCCL's RAS thread for its view
 
 
 @dataclass
@@ -122,6 +124,8 @@ class Analyzer:
             self._stack_arrived(pid, t)
         if snap.fr_dumps:
             self._fr_arrived(snap, t)
+        for r in snap.ras:
+            self._ras_arrived(r.text, t)
         if not snap.procs:
             return []
         return self.evaluate(t)
@@ -204,6 +208,24 @@ class Analyzer:
                 inc = self.book.get(job_id, "hang")
                 if inc is not None:
                     self._attach_fr(inc, js, t)
+
+    def _ras_arrived(self, text: str, t: float) -> None:
+        """NCCL RAS's view (which rank launched fewer operations, which are missing), attached to
+        the open hang incident of the job whose processes it names."""
+        st = parse_ras_text(text)
+        pids = {x["pid"] for x in st.launched} | {x["pid"] for x in st.missing}
+        d = {"t": round(t, 3), "kind": "nccl_ras", "source": "nccl_ras", **st.to_dict()}
+        self.findings.append(d)
+        for (_job, family), inc in self.book.open.items():
+            if family == "hang" and pids & set(inc.pids):
+                inc.evidence["nccl_ras"] = d
+                behind = st.behind()
+                note = ("NCCL RAS: " + "; ".join(f"rank {x['rank']} (pid {x['pid']}) launched up to {st.op or 'operation'} "
+                                                  f"#{x['op']}" for x in sorted(st.launched, key=lambda x: x["rank"])))
+                if behind:
+                    inc.findings.append({"kind": "ras_behind", "source": "nccl_ras", "ranks": [x["rank"] for x in behind],
+                                         "pids": [x["pid"] for x in behind], "message": note})
+                self.book.touch(inc, t, note)
 
     def _job_progressing(self, job_id: str, t: float) -> bool:
         job = self.job_defs.get(job_id)
@@ -791,6 +813,7 @@ class Analyzer:
         if js.hung and not js.native_asked:
             js.native_asked = True
             self.requests.stacks.extend((p, True) for p in live)
+            self.requests.ras = True
             if js.fr_asked is None or t - js.fr_asked > 60:
                 js.fr_asked = t
                 self.requests.fr_dumps.extend(live)

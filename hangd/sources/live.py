@@ -8,7 +8,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from hangd.analysis.engine import Requests
 from hangd.config import Settings
-from hangd.snapshot import Action, Snapshot, StackSample
+from hangd.snapshot import Action, RasReport, Snapshot, StackSample
+from hangd.sources import ras
 from hangd.sources.base import CollectorStats, SourceRunner, Unavailable
 from hangd.sources.flight import FlightSource
 from hangd.sources.nvml import NvmlSource
@@ -35,6 +36,7 @@ class LiveNode:
         self._pending_fr: list[int] = []
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="hangd-stacks")
         self._inflight: dict[Future[StackSample], int] = {}
+        self._ras: Future[str | None] | None = None
 
     def sample(self) -> Snapshot:
         snap = self.runner.collect()
@@ -44,6 +46,9 @@ class LiveNode:
     def request(self, req: Requests) -> None:
         self._pending.extend(req.stacks)
         self._pending_fr.extend(req.fr_dumps)
+        if req.ras and (self._ras is None or self._ras.done()):
+            # NCCL's RAS answers for every NCCL process of the node; a stopped rank can make it slow
+            self._ras = self._pool.submit(ras.query, ras.DEFAULT_ADDR, 15.0)
 
     def _capture(self, snap: Snapshot) -> None:
         """Captures the analysis asked for. Stacks are taken on worker threads so a slow py-spy
@@ -54,6 +59,11 @@ class LiveNode:
                 why = self.flight.request_dump(pid)
                 snap.actions.append(Action(what="fr_dump_requested" if why is None else f"fr_dump_not_requested: {why}", pid=pid))
             self._pending_fr = []
+        if self._ras is not None and self._ras.done():
+            text = self._ras.result()
+            self._ras = None
+            if text:
+                snap.ras.append(RasReport(format="text", text=text))
         done = [f for f in self._inflight if f.done()]
         for f in done:
             del self._inflight[f]

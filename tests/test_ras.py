@@ -1,0 +1,67 @@
+"""NCCL RAS: the parser on the answer a real NCCL 2.28.9 gave during a stall on 2 H200s, and the
+query against a real TCP server speaking its plain-text protocol on loopback."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+from hangd.analysis.engine import Analyzer
+from hangd.replay import run_replay
+from hangd.snapshot import RasReport, Snapshot
+from hangd.sources.ras import parse_ras_text, query
+
+from .conftest import DATA
+
+TEXT = (DATA / "ras" / "nccl-2.28.9-stall.txt").read_text()
+
+
+def test_parse_real_answer():
+    st = parse_ras_text(TEXT)
+    assert st.version == "2.28.9" and st.op == "AllReduce"
+    assert st.groups == [{"group": 0, "status": "RUNNING", "errors": "MISMATCH"}]
+    assert [(x["rank"], x["op"], x["pid"]) for x in st.launched] == [(0, 749, 607), (1, 748, 608)]
+    assert [x["rank"] for x in st.behind()] == [1]
+
+
+def test_missing_rank_line():
+    st = parse_ras_text("INCOMPLETE ... Missing communicator data from 1 rank -- GPU 1 managed by process 695 on node x")
+    assert st.missing == [{"ranks": 1, "gpu": 1, "pid": 695}]
+
+
+def test_query_speaks_the_protocol_over_loopback():
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    got = []
+
+    def serve() -> None:
+        c, _ = srv.accept()
+        got.append(c.recv(4096))
+        c.sendall(TEXT.encode())
+        c.close()
+
+    th = threading.Thread(target=serve)
+    th.start()
+    out = query(srv.getsockname(), deadline_s=5)
+    th.join(5)
+    srv.close()
+    assert got[0].startswith(b"CLIENT PROTOCOL 2\n") and b"VERBOSE STATUS" in got[0]
+    assert out == TEXT
+    free = socket.socket()
+    free.bind(("127.0.0.1", 0))
+    port = free.getsockname()[1]
+    free.close()
+    assert query(("127.0.0.1", port), deadline_s=2) is None
+
+
+def test_ras_view_is_attached_to_the_open_hang_incident():
+    an, _ = run_replay(str(DATA / "traces" / "h200x2-live" / "nccl_stall"))
+    inc = next(i for i in an.book.all if i.kind == "nccl_stall")
+    inc.resolved_at = None
+    an.book.open[(inc.job, "hang")] = inc
+    inc.pids = [607, 608]
+    an.feed(Snapshot(t=an.view.t + 1, ras=[RasReport(format="text", text=TEXT)]))
+    assert inc.evidence["nccl_ras"]["behind"][0]["rank"] == 1
+    assert any(f["kind"] == "ras_behind" and f["ranks"] == [1] for f in inc.findings)
+    assert isinstance(an, Analyzer)
