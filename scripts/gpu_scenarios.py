@@ -18,6 +18,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from hangd.sources.ras import DEFAULT_ADDR, query  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "tests" / "workloads"
 # (seconds recorded, action, at seconds)
@@ -41,23 +44,7 @@ def free_port() -> int:
 
 def ras_query(timeout: float = 12.0) -> str:
     """NCCL's RAS thread answers plain-text queries on localhost:28028."""
-    try:
-        with socket.create_connection(("127.0.0.1", 28028), timeout=timeout) as s:
-            s.sendall(b"CLIENT PROTOCOL 2\nTIMEOUT 5\nVERBOSE STATUS\n")
-            s.settimeout(timeout)
-            chunks = []
-            t_end = time.time() + timeout
-            while time.time() < t_end:
-                try:
-                    b = s.recv(65536)
-                except TimeoutError:
-                    break
-                if not b:
-                    break
-                chunks.append(b)
-            return b"".join(chunks).decode("utf-8", "replace")
-    except OSError as e:
-        return f"RAS query failed: {e}"
+    return query(DEFAULT_ADDR, timeout) or "RAS query: no answer"
 
 
 def run(name: str, out: Path, hangd: list[str]) -> dict:

@@ -47,34 +47,29 @@ def make_engine(url: str) -> Engine:
     return eng
 
 
-def upgrade(url: str, revision: str = "head") -> None:
-    """Apply the Alembic migrations (``hangd db upgrade``; also done at every start)."""
+def _alembic(url: str, action: str, revision: str) -> None:
     from alembic import command
     from alembic.config import Config
 
     eng = make_engine(url)
-    if not MIGRATIONS.is_dir():  # installed without the source tree: create the tables as the head has them
-        m.Base.metadata.create_all(eng)
-        return
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS))
     cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
     with eng.begin() as conn:
         cfg.attributes["connection"] = conn
-        command.upgrade(cfg, revision)
+        getattr(command, action)(cfg, revision)
+
+
+def upgrade(url: str, revision: str = "head") -> None:
+    """Apply the Alembic migrations (``hangd db upgrade``; also done at every start)."""
+    if not MIGRATIONS.is_dir():  # installed without the source tree: create the tables as the head has them
+        m.Base.metadata.create_all(make_engine(url))
+        return
+    _alembic(url, "upgrade", revision)
 
 
 def downgrade(url: str, revision: str = "base") -> None:
-    from alembic import command
-    from alembic.config import Config
-
-    eng = make_engine(url)
-    cfg = Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS))
-    cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
-    with eng.begin() as conn:
-        cfg.attributes["connection"] = conn
-        command.downgrade(cfg, revision)
+    _alembic(url, "downgrade", revision)
 
 
 def incident_row_to_dict(r: m.Incident, with_evidence: bool = True) -> dict[str, Any]:
