@@ -58,7 +58,7 @@ def run(name: str, out: Path, hangd: list[str]) -> dict:
     time.sleep(1.0)
     env = dict(os.environ, **MULTICAST_OFF, TORCH_FR_BUFFER_SIZE="2000",
                TORCH_FR_DUMP_TEMP_FILE=str(job / "fr_rank_"), TORCH_NCCL_DEBUG_INFO_PIPE_FILE=str(job / "frpipe_"),
-               TORCH_NCCL_DUMP_ON_TIMEOUT="1", HF_TOKEN="hf_EXAMPLEsecretEXAMPLEsecret")
+               TORCH_NCCL_DUMP_ON_TIMEOUT="1", HF_TOKEN="hf_FAKEplantedTOKENforREDACTION")
     launcher = subprocess.Popen([sys.executable, str(WORK / "launch.py"), "2", str(job), str(WORK / "gpu_job.py"), name, str(job)],
                                 cwd=ROOT, env=env, start_new_session=True)
     actions = []
