@@ -40,9 +40,9 @@ class Loop:
         t0 = time.perf_counter()
         snap = self.node.sample()
         with self.lock:
-            changes = self.analyzer.feed(snap)
+            changes = self.analyzer.step(snap)
             self.node.request(self.analyzer.take_requests())
-            incidents = self.analyzer.book.drain()
+            incidents = self.analyzer.drain()
         dt = time.perf_counter() - t0
         self.tick_seconds.append(dt)
         del self.tick_seconds[:-1000]

@@ -3,12 +3,24 @@ resolved by the analysis. One incident per job per episode and family."""
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
-KINDS = ("nccl_stall", "host_stall", "io_stall", "orphaned_gpu_memory", "collective_mismatch",
-         "straggler", "rank_exited")
-HANG_KINDS = ("nccl_stall", "host_stall", "io_stall")
+
+class IncidentKind(StrEnum):
+    NCCL_STALL = "nccl_stall"
+    HOST_STALL = "host_stall"
+    IO_STALL = "io_stall"
+    ORPHANED_GPU_MEMORY = "orphaned_gpu_memory"
+    COLLECTIVE_MISMATCH = "collective_mismatch"
+    STRAGGLER = "straggler"
+    RANK_EXITED = "rank_exited"
+
+
+KINDS = tuple(k.value for k in IncidentKind)
+HANG_KINDS = (IncidentKind.NCCL_STALL.value, IncidentKind.HOST_STALL.value, IncidentKind.IO_STALL.value)
 FAMILY = {"nccl_stall": "hang", "host_stall": "hang", "io_stall": "hang", "rank_exited": "hang",
           "orphaned_gpu_memory": "orphan", "collective_mismatch": "mismatch", "straggler": "straggler"}
 SEVERITY = {"nccl_stall": "critical", "host_stall": "critical", "io_stall": "critical", "rank_exited": "critical",
@@ -79,12 +91,42 @@ class Incident:
 class IncidentBook:
     """Open incidents by (job, family), and every incident ever opened in this run."""
 
-    def __init__(self, first_id: int = 1) -> None:
+    def __init__(self, first_id: int = 1, keep_resolved: int = 500) -> None:
         self.next_id = first_id
         self.open: dict[tuple[str, str], Incident] = {}
-        self.all: list[Incident] = []
+        # every open incident and the newest resolved ones (the store keeps them all)
+        self.recent: deque[Incident] = deque()
+        self.keep_resolved = keep_resolved
+        self.dropped = 0  # resolved incidents dropped from memory
         self.changed: list[Incident] = []  # touched since the last drain()
         self.adopted: dict[tuple[str, str], Incident] = {}  # open in the store when hangd started
+        self._fingerprint: dict[int, tuple[Any, ...]] = {}
+        self.opened_by_kind: dict[str, int] = {}  # incidents opened since start, by kind (a counter)
+
+    @property
+    def all(self) -> list[Incident]:
+        """The incidents still in memory, oldest first."""
+        return list(self.recent)
+
+    def find(self, incident_id: int) -> Incident | None:
+        return next((i for i in self.recent if i.id == incident_id), None) or \
+            next((i for i in self.adopted.values() if i.id == incident_id), None)
+
+    def ack(self, incident_id: int) -> Incident | None:
+        inc = self.find(incident_id)
+        if inc is not None:
+            inc.acked = True
+        return inc
+
+    def _remember(self, inc: Incident) -> None:
+        self.recent.append(inc)
+        resolved = sum(1 for i in self.recent if not i.open)
+        while resolved > self.keep_resolved:
+            old = next(i for i in self.recent if not i.open)
+            self.recent.remove(old)
+            self._fingerprint.pop(old.id, None)
+            self.dropped += 1
+            resolved -= 1
 
     def adopt(self, d: dict[str, Any]) -> Incident:
         """An incident still open from before a restart: the same episode continues under its id."""
@@ -109,6 +151,8 @@ class IncidentBook:
             old.updated_at = t
             old.timeline.append({"t": round(t, 3), "event": "updated", "note": "still going on after hangd restarted"})
             self.open[(job, old.family)] = old
+            if old not in self.recent:
+                self.recent.append(old)
             self.changed.append(old)
             return old
         inc = Incident(id=self.next_id, kind=kind, job=job, opened_at=t, severity=SEVERITY.get(kind, "warning"),
@@ -116,7 +160,8 @@ class IncidentBook:
         self.next_id += 1
         inc.timeline.append({"t": round(t, 3), "event": "opened", "kind": kind})
         self.open[(job, inc.family)] = inc
-        self.all.append(inc)
+        self.opened_by_kind[kind] = self.opened_by_kind.get(kind, 0) + 1
+        self._remember(inc)
         self.changed.append(inc)
         return inc
 
@@ -127,6 +172,13 @@ class IncidentBook:
         if note and not any(e.get("note") == note for e in inc.timeline):
             inc.timeline.append({"t": round(t, 3), "event": "updated", "note": note})
             del inc.timeline[1:-50]
+            if inc not in self.changed:
+                self.changed.append(inc)
+        # what a person reads changed (summary, culprits, kind): every view must show it
+        fp = (inc.kind, inc.summary, tuple(inc.culprit_pids), tuple(inc.culprit_ranks), tuple(inc.pids), inc.next_step,
+              len(inc.findings))
+        if self._fingerprint.get(inc.id) != fp:
+            self._fingerprint[inc.id] = fp
             if inc not in self.changed:
                 self.changed.append(inc)
 

@@ -32,15 +32,15 @@ def record(settings: Settings, out: str, seconds: float, hz: float, stacks_every
         while time.monotonic() < t_end and not (stop is not None and stop.is_set()):
             snap = node.sample()
             w.write(snap)
-            an.feed(snap)
+            an.step(snap)
             node.request(an.take_requests())
             if stacks_every > 0 and time.monotonic() - last_stacks >= stacks_every:
                 last_stacks = time.monotonic()
-                node.dump_stacks(p for j in an.job_defs.values() for p in j.pids)
+                node.dump_stacks(an.job_pids())
             if fr_every > 0 and time.monotonic() - last_fr >= fr_every:
                 # ask every rank with a dump pipe for a flight-recorder dump: catches silent mismatches
                 last_fr = time.monotonic()
-                node.request_fr_dumps(p for j in an.job_defs.values() for p in j.pids if node.flight.has_pipe(p))
+                node.request_fr_dumps(p for p in an.job_pids() if node.flight.has_pipe(p))
             n += 1
             next_t += interval
             delay = next_t - time.monotonic()

@@ -33,7 +33,7 @@ def run_replay(path: str, speed: float = 0.0, thresholds: Thresholds | None = No
     an = Analyzer(thresholds)
     n = 0
     for snap in paced(reader.snapshots(), speed):
-        an.feed(snap)
+        an.step(snap)
         an.take_requests()  # a replay cannot capture anything new
         n += 1
         if on_snapshot is not None:
@@ -45,6 +45,6 @@ def replay_result(an: Analyzer) -> dict[str, Any]:
     """The ``hangd replay --json`` shape."""
     return {
         "states": [{k: v for k, v in c.to_dict().items() if k != "evidence"} for c in an.changes],
-        "incidents": [i.to_dict() for i in an.book.all],
-        "findings": an.findings,
+        "incidents": [i.to_dict() for i in an.incidents()],
+        "findings": list(an.findings),
     }

@@ -79,6 +79,8 @@ class ProcSample:
     role: str | None = None
     gone: bool = False
     start_time: float | None = None  # Unix seconds; None when unknown
+    # names of torch.distributed threads it runs (gloo, NCCL): a rank even without a GPU or a RANK
+    dist_threads: list[str] | None = None
 
 
 @dataclass(slots=True)
@@ -147,12 +149,17 @@ class FrDump:
     path: str
     data: bytes | None = None
     source: str = "file"
+    # decoded where it arrives (hangd.evidence.decode_evidence): a flightrec Dump, or why not
+    dump: Any = None
+    error: str | None = None
 
 
 @dataclass(slots=True)
 class RasReport:
     format: str
     text: str
+    status: Any = None  # hangd.evidence.RasStatus, parsed where it arrives
+    error: str | None = None
 
 
 @dataclass(slots=True)

@@ -36,7 +36,7 @@ def collect_status(settings: Settings, seconds: float = 2.0) -> dict[str, Any]:
     snap = None
     for i in range(samples):
         snap = node.sample()
-        an.feed(snap)
+        an.step(snap)
         an.take_requests()
         if i < samples - 1:
             time.sleep(seconds / (samples - 1))
@@ -46,17 +46,11 @@ def collect_status(settings: Settings, seconds: float = 2.0) -> dict[str, Any]:
              "mem_total": g.mem_total, "power_w": (g.power_mw / 1000) if g.power_mw is not None else None,
              "gpm": g.gpm, "procs": [{"pid": p.pid, "used": p.used} for p in g.procs]} for g in snap.gpus]
     procs = []
-    for st in an.process_states():
-        h = an.view.procs.get(st["pid"])
-        info = h.info if h else None
-        sig = an.signals.get(st["pid"])
-        logs = [an.view.files.get(v) for v in ((info.fds or {}).values() if info else []) if v]
-        grew = [f.grew_at for f in logs if f is not None and f.grew_at is not None]
+    for st in an.processes():
+        grew = st.get("log_grew_at")
         procs.append({**st, "for_s": round(now - st["since"], 1),
-                      "command": " ".join((info.cmdline or [])[:4]) if info else None,
-                      "log_growing": bool(grew) and now - max(grew) <= 5.0,
-                      "cpu_cores": sig.cpu_cores if sig else None})
-    return {"t": now, "gpus": gpus, "processes": procs, "jobs": an.job_states(),
+                      "log_growing": grew is not None and now - grew <= 5.0})
+    return {"t": now, "gpus": gpus, "processes": procs, "jobs": an.jobs(),
             "unavailable": snap.unavailable}
 
 

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from hangd.evidence import decode_evidence
 from hangd.redact import filter_environ, redact_cmdline
 from hangd.snapshot import (
     Action,
@@ -104,11 +105,11 @@ class TraceReader:
             t = float(ev["t"])
             if cur is None or abs(t - cur.t) > 0.0005:
                 if cur is not None:
-                    yield cur
+                    yield decode_evidence(cur)
                 cur = Snapshot(t=t)
             self._add(cur, ev)
         if cur is not None:
-            yield cur
+            yield decode_evidence(cur)
 
     # -- helpers
 

@@ -38,6 +38,11 @@ class Thresholds:
     gpu_active_util_pct: float = 10.0
     # host-side progress
     io_bytes_per_s: float = 1 * MiB
+    io_window_s: float = 6.0  # disk I/O is judged over this longer window: a slow reader reads in bursts
+    io_sustained_s: int = 3  # ... and counts as progress when it moved in this many distinct seconds of it
+    io_sustain_s: float = 3.0  # read/write syscalls must go on this long to count (a dump being written is shorter)
+    wake_window_s: float = 12.0  # main-thread wake-ups are counted over this window (sleepers are read rarely)
+    wake_per_s: float = 3.0  # a rank blocked in a collective whose main thread wakes this often: they complete
     load_read_per_s: float = 20 * MiB
     load_rchar_per_s: float = 200 * MiB
     socket_char_per_s: float = 256 * 1024
@@ -52,6 +57,8 @@ class Thresholds:
     hang_io_s: float = 30.0  # uninterruptible sleep with no I/O
     startup_max_s: float = 600.0  # a process is "starting" at most this long
     startup_cpu_s: float = 20.0  # CPU work without a GPU counts as setup (imports) this long
+    startup_quiet_s: float = 10.0  # a process asleep this long after its setup is idle, not starting
+    startup_quiet_cpu_cores: float = 0.05  # ... "asleep": below this much CPU
     started_gpu_mem_bytes: float = 1.5 * GiB  # more than a CUDA context: the job has set up
     dwell_s: float = 2.0  # a new state must hold this long before it is reported
     stack_quiet_s: float = 3.0  # capture stacks of a job quiet this long
@@ -62,6 +69,18 @@ class Thresholds:
     orphan_gpu_s: float = 5.0
     unattributed_gpu_bytes: float = 2 * GiB
     unattributed_gpu_s: float = 30.0
+    verdict_fresh_s: float = 60.0  # a stack verdict describes its process at most this long
+    verdict_known_s: float = 300.0  # the last known kind of wait, for telling a cycling wait from a stuck one
+    stack_recapture_s: float = 300.0  # a quiet job's stacks are taken again this often
+    fr_rerequest_s: float = 60.0  # flight-recorder dumps of a hung job are asked for again this often
+    log_recent_s: float = 3.0  # a phase named by a log line holds this long
+    exception_lookback_s: float = 300.0  # an exception in a log this long before a hang may be its cause
+    straggler_quiet_after_s: float = 60.0  # a straggler incident resolves after this long without waits
+    serve_job_quiet_s: float = 60.0  # history of a job kept this long after its last process went
+    gone_process_s: float = 120.0  # a gone process stays listed this long
+    max_incidents_in_memory: int = 500  # resolved incidents kept in memory (the store keeps all)
+    max_findings_in_memory: int = 500
+    max_changes_in_memory: int = 2000
 
 
 @lru_cache(maxsize=1)
@@ -97,6 +116,29 @@ class FileState:
     grew_at: float | None = None  # last time non-diagnostic lines appeared
     kinds_at: dict[str, float] = field(default_factory=dict)  # phase kind -> last time seen
     tail: str = ""
+    # exception lines (the last line of a traceback, "RuntimeError: ..."), with when they appeared;
+    # None as the time: already in the file when hangd first read it
+    exceptions: deque[tuple[float | None, str]] = field(default_factory=lambda: deque(maxlen=8))
+
+
+# The last line of a Python traceback: "RuntimeError: mat1 and mat2 shapes cannot be multiplied".
+EXCEPTION_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?((?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt)"
+                            r"(?::\s.*)?)\s*$")
+
+
+def exception_lines(text: str) -> list[str]:
+    """Exception lines of a traceback in ``text``; lines inside a traceback's frames do not count."""
+    out = []
+    in_tb = False
+    for line in text.splitlines():
+        if line.startswith("Traceback (most recent call last)") or line.lstrip("[rank0123456789]: ").startswith("Traceback (most"):
+            in_tb = True
+            continue
+        m = EXCEPTION_LINE.match(line)
+        if m and (in_tb or ": " in m.group(1)):
+            out.append(m.group(1)[:500])
+            in_tb = False
+    return out
 
 
 @dataclass
@@ -109,6 +151,7 @@ class ProcHistory:
     first_ppid: int | None = None
     gone_at: float | None = None
     zombie_since: float | None = None
+    threads_lost: tuple[float, int, int] | None = None  # (when, threads before, after) of the last drop
 
     def latest(self) -> ProcSample | None:
         return self.samples[-1][1] if self.samples else None
@@ -129,6 +172,7 @@ class NodeView:
         self.gpu_baseline: dict[int, int] = {}
         self.compile_children: dict[int, int] = {}
         self.log_ranks: dict[int, int] = {}  # pid -> rank from torch's "[rankN]" log prefix
+        self.writers: dict[str, int] = {}  # log file -> how many live watched processes write to it
 
     def feed(self, snap: Snapshot) -> None:
         t = snap.t
@@ -158,6 +202,9 @@ class NodeView:
             h.gone_at = None
             if h.first_ppid is None:
                 h.first_ppid = p.ppid
+            last = h.latest()
+            if last is not None and last.threads is not None and p.threads is not None and p.threads < last.threads:
+                h.threads_lost = (t, last.threads, p.threads)
             h.samples.append((t, p))
             if p.state == "Z":
                 h.zombie_since = h.zombie_since or t
@@ -178,7 +225,15 @@ class NodeView:
             self.actions.append((t, a.what, a.pid))
         if snap.procs:
             self._count_compile_workers()
+            self._count_writers()
         self._trim(t)
+
+    def _count_writers(self) -> None:
+        self.writers = {}
+        for h in self.procs.values():
+            if h.gone_at is None and h.info is not None and h.info.fds:
+                for target in {v for v in h.info.fds.values() if v}:
+                    self.writers[target] = self.writers.get(target, 0) + 1
 
     def _count_compile_workers(self) -> None:
         """Compiler processes (ptxas, cc1, inductor compile workers) counted for each ancestor."""
@@ -234,6 +289,11 @@ class NodeView:
                 st.grew_at = t
             for k in kinds:
                 st.kinds_at[k] = t
+            for line in exception_lines(new):
+                st.exceptions.append((t, line))
+        elif st.size is None and f.tail:
+            for line in exception_lines(f.tail)[-3:]:
+                st.exceptions.append((None, line))
         if f.tail is not None:
             st.tail = f.tail
         st.size = f.size
@@ -371,9 +431,17 @@ class ProcSignals:
     gpu: GpuSignals = field(default_factory=GpuSignals)
     gpu_work_at: float | None = None  # time of the newest reading with real work
     gpu_shared_idle: bool = False  # it shares its GPU and NVML shows it using none of it
-    log_grew_at: float | None = None
+    log_grew_at: float | None = None  # newest growth of a log that this process wrote itself
+    log_grew_shared_at: float | None = None  # newest growth of a log it shares, written by others
     log_kinds: set[str] = field(default_factory=set)
     compile_children: int = 0
+    io_long_per_s: float | None = None  # read + write bytes per second over io_window_s
+    io_active_s: int = 0  # distinct seconds of io_window_s in which it read or wrote
+    io_last_at: float | None = None  # end of the newest interval in which it read or wrote
+    wakes_per_s: float | None = None  # main-thread voluntary context switches per second over wake_window_s
+    threads_lost_at: float | None = None  # when its thread count last fell
+    threads_before: int | None = None
+    threads_after: int | None = None
 
     def brief(self) -> dict[str, Any]:
         d: dict[str, Any] = {"state": self.state, "wchan": self.wchan}
@@ -470,9 +538,66 @@ def proc_signals(view: NodeView, pid: int, t: float, th: Thresholds) -> ProcSign
     if h.info and h.info.fds:
         for target in {v for v in h.info.fds.values() if v}:
             fs = view.files.get(target)
-            if fs is not None:
-                if fs.grew_at is not None and (sig.log_grew_at is None or fs.grew_at > sig.log_grew_at):
+            if fs is None or fs.grew_at is None:
+                continue
+            # A log grew: this process's progress only if it wrote it. Its write counter (wchar)
+            # must have moved over the same interval; a log several processes share (torchrun's
+            # combined stdout, nohup.out) may have grown because someone else wrote.
+            mine = _wrote_around(h, fs.grew_at, 2 * th.window_s)
+            if mine is None:  # no I/O counters: a log it alone writes is its own
+                mine = view.writers.get(target, 0) <= 1
+            if mine:
+                if sig.log_grew_at is None or fs.grew_at > sig.log_grew_at:
                     sig.log_grew_at = fs.grew_at
-                sig.log_kinds |= {k for k, at in fs.kinds_at.items() if t - at <= 3.0}
+                sig.log_kinds |= {k for k, at in fs.kinds_at.items() if t - at <= th.log_recent_s}
+            elif sig.log_grew_shared_at is None or fs.grew_at > sig.log_grew_shared_at:
+                sig.log_grew_shared_at = fs.grew_at
     sig.compile_children = view.compile_children.get(pid, 0)
+    _long_signals(sig, view, h, t, th)
     return sig
+
+
+def _wrote_around(h: ProcHistory, at: float, within: float) -> bool | None:
+    """Whether the process's wchar grew in the ``within`` seconds up to ``at`` (None: unknown).
+    A little slack: the log's size and the process's counters are read at slightly different
+    moments, and a recorder may have reused a quiet process's counters for a few ticks."""
+    newest: int | None = None
+    for tt, p in reversed(h.samples):
+        if tt > at + 1e-6:
+            continue
+        w = (p.io or {}).get("wchar")
+        if w is None:
+            return None if newest is None else False
+        if newest is None:
+            newest = w
+        elif w < newest:
+            return True
+        if tt < at - within:
+            break
+    return None if newest is None else False
+
+
+def _long_signals(sig: ProcSignals, view: NodeView, h: ProcHistory, t: float, th: Thresholds) -> None:
+    """Signals over windows longer than the classifier's: sustained I/O, main-thread wake-ups,
+    threads that went away."""
+    win = view.proc_window(h.pid, t, th.io_window_s)
+    if len(win) >= 2:
+        total = 0
+        secs: set[int] = set()
+        for (_, a), (t1, b) in zip(win, win[1:], strict=False):
+            if a.io and b.io:
+                d = sum(max(0, b.io.get(k, 0) - a.io.get(k, 0)) for k in ("read_bytes", "write_bytes"))
+                total += d
+                if d >= th.io_bytes_per_s / 4:
+                    secs.add(int(t1))
+                    sig.io_last_at = t1
+        span = max(win[-1][0] - win[0][0], 1e-3)
+        if win[0][1].io and win[-1][1].io:
+            sig.io_long_per_s = total / span
+        sig.io_active_s = len(secs)
+    wwin = view.proc_window(h.pid, t, th.wake_window_s)
+    vals = [(tt, p.voluntary_ctxt_switches) for tt, p in wwin if p.voluntary_ctxt_switches is not None]
+    if len(vals) >= 2 and vals[-1][0] - vals[0][0] >= th.wake_window_s / 2:
+        sig.wakes_per_s = max(0, vals[-1][1] - vals[0][1]) / (vals[-1][0] - vals[0][0])
+    if h.threads_lost is not None:
+        sig.threads_lost_at, sig.threads_before, sig.threads_after = h.threads_lost

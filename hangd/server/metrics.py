@@ -14,7 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from hangd import __version__
-from hangd.analysis.engine import STATES
+from hangd.analysis.model import STATES
 from hangd.incidents import KINDS
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ class HangdCollector(Collector):
 
     def _processes(self) -> Iterator[Metric]:
         with self.d.lock:
-            procs = self.d.analyzer.process_states()
+            procs = self.d.analyzer.processes()
         st = GaugeMetricFamily("hangd_process_state", "1 for the state each GPU process / rank is in, 0 for the others.",
                                labels=["job", "rank", "gpu", "pid", "state"])
         for p in procs:
@@ -71,7 +71,7 @@ class HangdCollector(Collector):
 
     def _jobs(self) -> Iterator[Metric]:
         with self.d.lock:
-            jobs = self.d.analyzer.job_states()
+            jobs = self.d.analyzer.jobs()
         js = GaugeMetricFamily("hangd_job_state", "1 for the state each distributed job is in, 0 for the others.",
                                labels=["job", "state"])
         for j in jobs:
@@ -85,14 +85,13 @@ class HangdCollector(Collector):
 
     def _incidents(self) -> Iterator[Metric]:
         with self.d.lock:
-            book = self.d.analyzer.book
-            open_ = [i for i in book.open.values()]
-            all_ = list(book.all)
+            open_ = self.d.analyzer.incidents(open_only=True)
+            opened = self.d.analyzer.opened_counts()
         op = GaugeMetricFamily("hangd_incidents_open", "Incidents open now, by kind.", labels=["kind"])
         tot = CounterMetricFamily("hangd_incidents", "Incidents opened since hangd started, by kind.", labels=["kind"])
         for k in KINDS:
             op.add_metric([k], float(sum(1 for i in open_ if i.kind == k)))
-            tot.add_metric([k], float(sum(1 for i in all_ if i.kind == k)))
+            tot.add_metric([k], float(opened.get(k, 0)))
         yield op
         yield tot
         info = GaugeMetricFamily("hangd_incident_opened_timestamp_seconds",
@@ -111,7 +110,7 @@ class HangdCollector(Collector):
 
     def _gpus(self) -> Iterator[Metric]:
         with self.d.lock:
-            latest = {idx: dq[-1][1] for idx, dq in self.d.analyzer.view.gpus.items() if dq}
+            latest = self.d.analyzer.latest_gpus()
         fams = {
             "util": GaugeMetricFamily("hangd_gpu_utilization_ratio", "NVML GPU utilization: a kernel was resident (0-1).", labels=["gpu", "uuid"]),
             "sm": GaugeMetricFamily("hangd_gpu_sm_active_ratio", "GPM SM activity (0-1): real work, unlike utilization.", labels=["gpu", "uuid"]),

@@ -48,9 +48,7 @@ class Daemon:
         self._last_retention = 0.0
         self._last_full_write = 0.0
         self.thread: threading.Thread | None = None
-        for d in self.store.open_incidents():
-            self.analyzer.book.adopt(d)
-        self.analyzer.book.next_id = max(self.analyzer.book.next_id, self.store.max_incident_id() + 1)
+        self.analyzer.adopt(self.store.open_incidents(), self.store.max_incident_id() + 1)
 
     # ------------------------------------------------------------------ loop
 
@@ -74,9 +72,9 @@ class Daemon:
             t0 = time.perf_counter()
             try:
                 with self.lock:
-                    changes = self.analyzer.feed(snap)
+                    changes = self.analyzer.step(snap)
                     self.analyzer.take_requests()
-                    incidents = self.analyzer.book.drain()
+                    incidents = self.analyzer.drain()
                 self._record_tick(time.perf_counter() - t0)
                 self._after_tick(snap, changes, incidents)
             except Exception:
@@ -102,13 +100,13 @@ class Daemon:
             self.tick_seconds = self.loop.tick_seconds
         with self.lock:
             self._resolve_stale_adopted(snap.t, now)
-            incidents = incidents + self.analyzer.book.drain()
+            incidents = incidents + self.analyzer.drain()
             batch = Batch(t=snap.t, incidents=[i.to_dict() for i in incidents],
                           changes=[{k: v for k, v in c.to_dict().items() if k != "evidence"} for c in changes])
             if now - self._last_full_write >= 10 or changes:
                 self._last_full_write = now
-                batch.processes = self.analyzer.process_states()
-                batch.jobs = self.analyzer.job_states()
+                batch.processes = self.analyzer.processes()
+                batch.jobs = self.analyzer.jobs()
             if snap.gpus:
                 batch.gpus = [{"index": g.index, "uuid": g.uuid, "name": g.name, "mem_total": g.mem_total,
                                "util_gpu": g.util_gpu, "gpm": g.gpm, "mem_used": g.mem_used,
@@ -119,16 +117,9 @@ class Daemon:
             self.store.retention(self.settings.retention_days)
 
     def _resolve_stale_adopted(self, t: float, now: float) -> None:
-        book = self.analyzer.book
-        if not book.adopted or now - self.started_at < ADOPT_GRACE_S:
+        if not self.analyzer.has_adopted() or now - self.started_at < ADOPT_GRACE_S:
             return
-        live_jobs = set(self.analyzer.job_defs)
-        for key, inc in list(book.adopted.items()):
-            if inc.job in live_jobs and inc.family == "hang":
-                continue  # the job is still here: the analysis will re-open or leave it
-            book.adopted.pop(key)
-            book.open[key] = inc
-            book.resolve(inc, t, "not seen again after hangd restarted: the job is gone or recovered")
+        self.analyzer.resolve_adopted(t)
 
     def shutdown(self) -> None:
         self.stop.set()
@@ -146,7 +137,7 @@ class Daemon:
         if self.loop is None:
             return {"accepted": False, "why": "hangd runs a replay: there is no live node to capture"}
         with self.lock:
-            pids = [p for j in self.analyzer.job_defs.values() for p in j.pids]
+            pids = self.analyzer.job_pids()
             self.loop.node.dump_stacks(pids)
             self.loop.node.request_fr_dumps(p for p in pids if self.loop.node.flight.has_pipe(p))
         return {"accepted": True, "pids": pids, "note": "stacks (py-spy, non-blocking) and flight-recorder dumps are "

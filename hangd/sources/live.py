@@ -6,8 +6,8 @@ import logging
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from hangd.analysis.engine import Requests
 from hangd.config import Settings
+from hangd.evidence import Requests, decode_evidence
 from hangd.snapshot import Action, RasReport, Snapshot, StackSample
 from hangd.sources import ras
 from hangd.sources.base import CollectorStats, SourceRunner, Unavailable
@@ -41,7 +41,7 @@ class LiveNode:
     def sample(self) -> Snapshot:
         snap = self.runner.collect()
         self._capture(snap)
-        return snap
+        return decode_evidence(snap)
 
     def request(self, req: Requests) -> None:
         self._pending.extend(req.stacks)

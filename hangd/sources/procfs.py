@@ -34,6 +34,11 @@ EXEC_GRACE_S = 3.0
 THREADS_EVERY_S = 5.0
 QUIET_REFRESH_S = 10.0
 DEFAULT_JOB_ENV = ("MASTER_ADDR", "TORCHELASTIC_RUN_ID")
+# Threads torch.distributed starts in every rank (gloo's and NCCL's): a process that has them is a
+# rank even when it holds no GPU and its rank came as an argument (an inference server's workers).
+DIST_THREAD = re.compile(r"^(pt_gloo|gloo_|pt_nccl|NCCL |ncclProxy|pt_c10d)")
+DIST_SCAN_EVERY_S = 5.0
+DIST_SCAN_FOR_S = 600.0  # look for such threads in a young process this long after it appeared
 
 
 def _read_bytes(path: str) -> bytes | None:
@@ -134,6 +139,8 @@ class _Known:
     job_env: bool = False
     rank: str | None = None  # RANK from its environment, to tell a rank from its children
     info_sent: bool = False
+    dist_threads: list[str] | None = None
+    dist_scanned: float = -1e18
 
 
 @dataclass
@@ -189,7 +196,26 @@ class ProcSource:
         for pid, k in self._known.items():
             if not k.job_env and now - k.seen < EXEC_GRACE_S:
                 self._read_env(pid, k)
+            if k.dist_threads is None and now - k.dist_scanned >= DIST_SCAN_EVERY_S and now - k.seen < DIST_SCAN_FOR_S \
+                    and k.comm.startswith(("python", "pt_main_thread", "pt_", "sglang", "vllm", "Vllm")):
+                k.dist_scanned = now
+                k.dist_threads = self._dist_threads(pid)
         return pids
+
+    def _dist_threads(self, pid: int) -> list[str] | None:
+        """Names of torch.distributed threads of ``pid`` (None when it has none)."""
+        try:
+            tids = os.listdir(self._p(pid, "task"))
+        except OSError:
+            return None
+        if len(tids) < 3:
+            return None
+        names = set()
+        for tid in tids:
+            name = (_read(self._p(pid, "task", tid, "comm")) or "").strip()
+            if DIST_THREAD.match(name):
+                names.add(name)
+        return sorted(names) or None
 
     def _read_env(self, pid: int, k: _Known) -> None:
         raw = _read_bytes(self._p(pid, "environ"))
@@ -202,7 +228,8 @@ class ProcSource:
     def watched(self, gpu_pids: Iterable[int]) -> set[int]:
         """The pids to read this tick."""
         self._discover()
-        seeds = {p for p in gpu_pids if p in self._known} | {p for p, k in self._known.items() if k.job_env}
+        seeds = {p for p in gpu_pids if p in self._known} | \
+            {p for p, k in self._known.items() if k.job_env or k.dist_threads}
         seeds |= {p for p in self.extra_pids if p in self._known}
         children: dict[int, list[int]] = {}
         for pid, k in self._known.items():
@@ -250,7 +277,10 @@ class ProcSource:
         if prev is not None and prev[0] == key and now - prev[1] < QUIET_REFRESH_S and s.state != "D":
             old = prev[2]
             s.voluntary_ctxt_switches, s.nonvoluntary_ctxt_switches = old.voluntary_ctxt_switches, old.nonvoluntary_ctxt_switches
-            s.swap_bytes, s.io, s.wchan = old.swap_bytes, old.io, old.wchan
+            s.swap_bytes, s.wchan = old.swap_bytes, old.wchan
+            # the I/O counters are read every tick: whose write a log's growth was needs them
+            io = _read(self._p(pid, "io"))
+            s.io = {k: int(v) for k, v in parse_kv(io).items() if v.isdigit()} if io else old.io
             s.thread_states = dict(old.thread_states) if old.thread_states else None
             return s
         self._read_details(pid, s)
@@ -342,12 +372,12 @@ class ProcSource:
                 break
             anc.append(cur)
             cur = a.ppid
+        if k.rank is not None and any(self._known[a].rank == k.rank for a in anc):
+            return "child"  # it inherited a rank's environment (data loader, compile worker)
+        if pid in gpu_pids or k.dist_threads:
+            return "worker"  # its own GPU memory or its own gloo/NCCL threads, whatever its ancestors hold
         if any(a in gpu_pids for a in anc):
             return "child"
-        if k.rank is not None and any(self._known[a].rank == k.rank for a in anc):
-            return "child"
-        if pid in gpu_pids:
-            return "worker"
 
         if pid in self._rank_parents:
             return "launcher"
@@ -366,6 +396,7 @@ class ProcSource:
                 self._known.pop(pid, None)
                 continue
             s.role = self._role(pid, known, watched, gpu_pids)
+            s.dist_threads = known.dist_threads
             if not known.info_sent:
                 info = self.read_info(pid)
                 if info is not None:

@@ -39,7 +39,7 @@ def list_incidents(daemon: DaemonDep, _: AuthDep,
 def get_incident(incident_id: Annotated[int, Path(ge=1, le=2**62)], daemon: DaemonDep, _: AuthDep,
                  request: Request) -> dict[str, Any]:
     with daemon.lock:
-        live = next((i for i in daemon.analyzer.book.all if i.id == incident_id), None)
+        live = daemon.analyzer.incident(incident_id)
         d = live.to_dict() if live is not None else None
     if d is None:
         d = daemon.store.get_incident(incident_id)
@@ -58,7 +58,5 @@ def ack_incident(incident_id: Annotated[int, Path(ge=1, le=2**62)], daemon: Daem
     if d is None:
         raise HTTPException(status_code=404, detail=f"no incident {incident_id}")
     with daemon.lock:
-        for i in daemon.analyzer.book.all:
-            if i.id == incident_id:
-                i.acked = True
+        daemon.analyzer.ack(incident_id)
     return _public(d, request)

@@ -17,34 +17,24 @@ router = APIRouter(tags=["node"], responses={401: {"description": "a token is re
 def processes(daemon: DaemonDep, _: AuthDep) -> list[dict[str, Any]]:
     now = daemon.last_snapshot_t or time.time()
     with daemon.lock:
-        procs = daemon.analyzer.process_states()
+        procs = daemon.analyzer.processes()
     return [{**p, "for_s": round(max(0.0, now - p["since"]), 1)} for p in procs]
 
 
 @router.get("/jobs", response_model=list[JobOut], summary="Distributed jobs on this node and their state")
 def jobs(daemon: DaemonDep, _: AuthDep) -> list[dict[str, Any]]:
     with daemon.lock:
-        jobs = daemon.analyzer.job_states()
+        jobs = daemon.analyzer.jobs()
         open_by_job: dict[str, list[int]] = {}
-        for inc in daemon.analyzer.book.open.values():
+        for inc in daemon.analyzer.incidents(open_only=True):
             open_by_job.setdefault(inc.job, []).append(inc.id)
     return [{**j, "open_incidents": sorted(open_by_job.get(j["job"], []))} for j in jobs]
 
 
 @router.get("/gpus", response_model=list[GpuOut], summary="Latest readings of every GPU")
 def gpus(daemon: DaemonDep, _: AuthDep) -> list[dict[str, Any]]:
-    out = []
     with daemon.lock:
-        for idx, dq in sorted(daemon.analyzer.view.gpus.items()):
-            if not dq:
-                continue
-            g = dq[-1][1]
-            out.append({"index": idx, "uuid": g.uuid, "name": g.name, "util_gpu": g.util_gpu, "util_mem": g.util_mem,
-                        "mem_used": g.mem_used, "mem_total": g.mem_total,
-                        "power_w": g.power_mw / 1000 if g.power_mw is not None else None, "temp_c": g.temp_c,
-                        "sm_clock": g.sm_clock, "gpm": g.gpm,
-                        "processes": [{"pid": p.pid, "used": p.used} for p in g.procs]})
-    return out
+        return daemon.analyzer.gpus()
 
 
 @router.get("/timeline", response_model=list[TimelineEntry], summary="State changes, oldest first")

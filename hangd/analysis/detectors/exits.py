@@ -1,0 +1,62 @@
+"""A rank that exited while its peers still run and no longer progress: they will wait for it
+until their collective timeout (``rank_exited``). Ranks that all exit within the grace period
+ended the job, and a peer that keeps progressing after a rank exited (saving a checkpoint, its
+own last steps) is not waiting for it: neither is an incident."""
+
+from __future__ import annotations
+
+from hangd.analysis import report
+from hangd.analysis.detectors import Env
+from hangd.analysis.views import JobView
+from hangd.incidents import Incident, IncidentKind
+
+FAMILY = "hang"
+
+
+def step(env: Env, jv: JobView) -> Incident | None:
+    """The job's open rank_exited incident, if any (it shares the hang family: one at a time)."""
+    th = env.th
+    job, tr, t = jv.job, jv.track, jv.t
+    inc = env.book.get(job.id, FAMILY)
+    if inc is not None and inc.kind != IncidentKind.RANK_EXITED:
+        return None
+    if inc is not None and not jv.live:
+        env.book.resolve(inc, t, "the job's processes are gone")
+        return None
+    if not tr.exited or not jv.live:
+        return inc
+    new_exits = {p: at for p, at in tr.exited.items() if p not in tr.exits_reported}
+    if not new_exits:
+        return inc
+    first_exit = min(new_exits.values())
+    if t - first_exit < th.rank_exit_grace_s:
+        return inc
+    # still progressing after the exit (past one window): not waiting for the one that left
+    if jv.last_strong is not None and jv.last_strong > first_exit + th.window_s:
+        return inc
+    holders = [p for p in jv.live if (s := jv.sigs.get(p)) is not None and s.gpu_mem > 0] or list(jv.live)
+    exited = sorted(new_exits, key=lambda p: job.ranks.get(p, 0))
+    tr.exits_reported |= set(exited)
+    if inc is None:
+        inc = env.book.open_incident(IncidentKind.RANK_EXITED, job.id, t, hang_started_at=first_exit)
+    inc.pids = list(job.pids)
+    inc.ranks = [job.ranks[p] for p in job.pids]
+    inc.culprit_pids = sorted(set(inc.culprit_pids) | set(exited), key=lambda p: job.ranks.get(p, 0))
+    inc.culprit_ranks = [job.ranks[p] for p in inc.culprit_pids if p in job.ranks]
+    left = ", ".join(f"rank {job.ranks[p]} (pid {p})" for p in holders)
+    inc.summary = (f"rank {', '.join(str(r) for r in inc.culprit_ranks)} exited {t - first_exit:.0f} s ago "
+                   f"while {left} still run{'s' if len(holders) == 1 else ''} and "
+                   f"{'has' if len(holders) == 1 else 'have'} not progressed since: "
+                   "they will wait for it until their collective timeout")
+    exc = report.exceptions(env.view, job, first_exit - th.exception_lookback_s)
+    if exc:
+        inc.summary = "Probable cause, from " + report.quote_exception(exc[-1]) + ". " + inc.summary
+    inc.evidence = report.evidence(env.view, env.tracks, job, jv.live, jv.sigs, t - first_exit)
+    if exc:
+        inc.evidence["exceptions"] = exc[-5:]
+    for p in exited:
+        tail = report.log_tails(env.view, p)
+        if tail:
+            inc.evidence["logs"][str(job.ranks[p])] = tail
+    env.book.touch(inc, t, f"rank {', '.join(str(job.ranks[p]) for p in exited)} exited")
+    return inc

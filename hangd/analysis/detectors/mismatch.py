@@ -1,0 +1,37 @@
+"""Ranks that issued different collectives at the same sequence number (``collective_mismatch``):
+different ops, sizes or dtypes in their flight-recorder dumps. NCCL completes such a collective
+with silently wrong results; gloo fails the job."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hangd.analysis.detectors import Env
+from hangd.analysis.identity import Job
+from hangd.analysis.views import JobTrack
+from hangd.incidents import IncidentKind
+
+FAMILY = "mismatch"
+KINDS = ("op_mismatch", "size_mismatch", "dtype_mismatch")
+
+
+def step(env: Env, job_id: str, job: Job | None, tr: JobTrack, f: Any, t: float) -> None:
+    inc = env.book.get(job_id, FAMILY)
+    rank_pid = {**tr.fr_pids, **(job.rank_pid() if job else {})}
+    if inc is None:
+        inc = env.book.open_incident(IncidentKind.COLLECTIVE_MISMATCH, job_id, t)
+        inc.ranks = sorted(f.ranks)
+        inc.pids = [rank_pid[r] for r in inc.ranks if r in rank_pid]
+        inc.summary = (f"{f.message}. The ranks disagree on one collective: NCCL completes it with silently wrong "
+                       "results, gloo fails the job.")
+        # the odd one out: the rank whose size/op differs from the majority (else the higher rank)
+        vals = f.sizes if f.kind == "size_mismatch" else f.ops if f.kind == "op_mismatch" else f.dtypes
+        counts: dict[str, int] = {}
+        for v in vals.values():
+            counts[repr(v)] = counts.get(repr(v), 0) + 1
+        odd = [r for r, v in vals.items() if counts[repr(v)] == 1 and len(vals) > 2] or [max(vals)]
+        inc.culprit_ranks = sorted(odd)
+        inc.culprit_pids = [rank_pid[r] for r in inc.culprit_ranks if r in rank_pid]
+    inc.findings.append(f.to_dict())
+    inc.evidence["flight_recorder"] = inc.findings
+    env.book.touch(inc, t, f.message)

@@ -1,0 +1,65 @@
+"""A rank that others keep waiting for while the job still progresses (``straggler``, a warning):
+in a sliding window, the seconds its peers spent waiting on it. A rank that waits for requests (a
+server's coordinator) is not a straggler, and a rank that makes the others wait for good is a hang
+in the making, not a straggler."""
+
+from __future__ import annotations
+
+from hangd.analysis.detectors import Env
+from hangd.analysis.views import JobView
+from hangd.incidents import IncidentKind
+
+FAMILY = "straggler"
+
+
+def track_episodes(env: Env, jv: JobView) -> None:
+    """Who waits for whom this second (also used by the state decision)."""
+    tr, t = jv.track, jv.t
+    waiting = jv.waiting
+    culprits = frozenset(p for p in jv.live if p not in waiting and p not in jv.serving) if waiting else None
+    if culprits is not None and not tr.hung:
+        if tr.episode != culprits:
+            tr.episode, tr.episode_start = culprits, t
+            tr.episodes.append((t, culprits))
+        if len(jv.live) > 1 and culprits:
+            tr.blame.append((int(t), culprits, frozenset(waiting)))
+    else:
+        tr.episode = None
+    while tr.blame and t - tr.blame[0][0] > env.th.straggler_window_s:
+        tr.blame.popleft()
+
+
+def step(env: Env, jv: JobView) -> None:
+    th = env.th
+    job, tr, t, live = jv.job, jv.track, jv.t, jv.live
+    seconds: dict[int, set[int]] = {}
+    for sec, c, _ in tr.blame:
+        for p in c:
+            seconds.setdefault(p, set()).add(sec)
+    blamed = {p: len(secs) for p, secs in seconds.items() if p in live}
+    # the waiting ranks must have got through their collectives several times meanwhile
+    first_blame = tr.blame[0][0] if tr.blame else t
+    victims = {p for _, _, w in tr.blame for p in w}
+    progressed = len({sec for p in victims for sec in env.progress.of(p).strong_secs if sec >= first_blame})
+    worst = [p for p, n in blamed.items() if n >= th.straggler_wait_s] if not tr.hung and progressed >= 3 else []
+    inc = env.book.get(job.id, FAMILY)
+    if worst and inc is None:
+        inc = env.book.open_incident(IncidentKind.STRAGGLER, job.id, t)
+        inc.pids = list(job.pids)
+        inc.ranks = [job.ranks[p] for p in job.pids]
+    if inc is None:
+        return
+    if worst:
+        order = jv.by_rank(worst)
+        inc.culprit_pids = order
+        inc.culprit_ranks = [job.ranks[p] for p in order]
+        waiters = sorted({job.ranks[p] for p in live if p not in worst})
+        inc.summary = (f"rank {', '.join(map(str, inc.culprit_ranks))} kept rank{'s' if len(waiters) > 1 else ''} "
+                       f"{', '.join(map(str, waiters))} waiting in collectives for {max(blamed[p] for p in worst)} s "
+                       f"of the last {th.straggler_window_s:.0f} s while the job still progressed")
+        inc.evidence = {"wait_seconds_by_rank": {str(job.ranks[p]): n for p, n in blamed.items()},
+                        "culprit": {str(job.ranks[p]): jv.readings[p].why for p in worst if p in jv.readings}}
+        env.book.touch(inc, t, f"culprit ranks {inc.culprit_ranks}")
+    elif not live or tr.hung or not tr.blame or t - tr.blame[-1][0] > th.straggler_quiet_after_s:
+        env.book.resolve(inc, t, "the job is gone or hung" if not live or tr.hung else
+                         f"no rank has made the others wait for {th.straggler_quiet_after_s:.0f} s")

@@ -1,0 +1,304 @@
+"""Which processes form which job, and each one's rank, with how each was known.
+
+A job is one launch. Its key is made of what is unique to a launch and shared by its ranks: a
+Slurm job step, a TorchElastic run id that is not the default (``none``), the rendezvous address
+``MASTER_ADDR:MASTER_PORT`` and restart count; where those are not unique to one launch (plain
+``torchrun`` without ``--rdzv-id`` gives every job the run id ``none``, and every job on a node may
+use port 29500), the launcher process is part of the key. Processes started without any of these
+(an inference server's ``multiprocessing`` workers, which get their rank as an argument) are one
+job when they are siblings of one launcher. Two processes with the same rank are never one job.
+
+A rank process is one that holds its own GPU memory, has a rank of its own in its environment, or
+runs torch.distributed's gloo/NCCL threads, and is not a child that inherited a rank's environment
+(data-loader and compile workers). What the ancestors hold does not matter: a notebook or server
+front-end that touched CUDA does not hide the ranks below it.
+
+Ranks come from, in order: the environment (``RANK``, ``PMI_RANK``, ...), flight-recorder dumps,
+torch's ``[rankN]`` log prefix, the process title or command line (``TP3``, ``--rank 3``),
+``LOCAL_RANK``, the GPU index, and start order. ``Job.rank_source`` says which, per pid.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from hangd.analysis.signals import NodeView, ProcHistory, Thresholds
+
+RANK_KEYS = ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID")
+DEFAULT_RUN_IDS = frozenset({"", "none", "default"})
+MAX_DEPTH = 4
+_LOG_RANK = re.compile(r"^\[rank(\d+)\]", re.M)
+# how servers name a worker's rank in its title or arguments: "sglang::scheduler_TP3", "TP3",
+# "--rank 3", "--tp-rank=3", "rank=3", "VllmWorker TP3 rank=3"
+_ARG_RANK = re.compile(r"(?:^|[\s_:-])(?:tp|TP)[-_]?(\d+)\b|(?:^|\s)--?(?:tp[-_])?rank[= ](\d+)\b|\brank=(\d+)\b")
+
+
+@dataclass
+class Job:
+    id: str
+    name: str
+    ranks: dict[int, int] = field(default_factory=dict)  # pid -> rank
+    rank_source: dict[int, str] = field(default_factory=dict)  # pid -> how its rank was known
+    key_parts: dict[str, str] = field(default_factory=dict)  # what the key was made of
+    launcher: int | None = None
+    world_size: int | None = None
+    distributed: bool = False  # several ranks, or a world size above 1: a peer exists to wait for
+
+    @property
+    def pids(self) -> list[int]:
+        return sorted(self.ranks, key=lambda p: (self.ranks[p], p))
+
+    def rank_pid(self) -> dict[int, int]:
+        return {r: p for p, r in self.ranks.items()}
+
+
+def env_of(h: ProcHistory) -> dict[str, str]:
+    return (h.info.environ or {}) if h.info else {}
+
+
+def env_rank(h: ProcHistory) -> str | None:
+    env = env_of(h)
+    return next((env[k] for k in RANK_KEYS if env.get(k) is not None), None)
+
+
+def ancestors(view: NodeView, h: ProcHistory, depth: int = MAX_DEPTH) -> list[ProcHistory]:
+    out = []
+    cur = h.first_ppid if h.first_ppid is not None else (lp.ppid if (lp := h.latest()) else None)
+    for _ in range(depth):
+        a = view.procs.get(cur) if cur else None
+        if a is None or a.pid == h.pid:
+            break
+        out.append(a)
+        cur = a.first_ppid if a.first_ppid is not None else (alp.ppid if (alp := a.latest()) else None)
+    return out
+
+
+def has_dist_threads(h: ProcHistory) -> bool:
+    """It runs torch.distributed's gloo or NCCL threads (seen by the /proc source)."""
+    lp = h.latest()
+    return bool(lp is not None and lp.dist_threads)
+
+
+def _job_env(h: ProcHistory) -> bool:
+    env = env_of(h)
+    return env_rank(h) is not None and ("MASTER_ADDR" in env or "TORCHELASTIC_RUN_ID" in env or "SLURM_JOB_ID" in env
+                                        or "OMPI_COMM_WORLD_SIZE" in env or "PMI_SIZE" in env)
+
+
+class _Ranker:
+    """Decides, with memory across one tick, which processes are ranks."""
+
+    def __init__(self, view: NodeView, th: Thresholds) -> None:
+        self.view = view
+        self.th = th
+        self.memo: dict[int, bool] = {}
+
+    def own_rank(self, h: ProcHistory) -> bool:
+        """A rank in its environment that it did not inherit from an ancestor."""
+        r = env_rank(h)
+        return r is not None and not any(env_rank(a) == r for a in ancestors(self.view, h))
+
+    def candidate(self, h: ProcHistory) -> bool:
+        if h.pid in self.memo:
+            return self.memo[h.pid]
+        self.memo[h.pid] = False  # cycles (pid reuse) end here
+        self.memo[h.pid] = ok = self._candidate(h)
+        return ok
+
+    def _candidate(self, h: ProcHistory) -> bool:
+        view = self.view
+        anc = ancestors(view, h)
+        r = env_rank(h)
+        if r is not None and any(env_rank(a) == r for a in anc):
+            return False  # a rank's child: it inherited the environment (data loader, compile worker)
+        if r is not None and _job_env(h):
+            return True
+        rank_anc = next((a for a in anc if self.candidate(a)), None)
+        gpu = h.pid in view.gpu_of
+        dist = has_dist_threads(h)
+        if rank_anc is not None:
+            if dist:
+                return True  # its own gloo/NCCL threads: a rank spawned by a rank (vLLM's driver worker)
+            if gpu and r is None:
+                # a child that touched CUDA only counts with a GPU of its own and more than a context on it
+                mine = set(view.gpu_of.get(h.pid, {}))
+                theirs = set(view.gpu_of.get(rank_anc.pid, {}))
+                held = sum(v or 0 for v in view.gpu_of.get(h.pid, {}).values())
+                return not (mine & theirs) and held >= self.th.started_gpu_mem_bytes
+            return False
+        if gpu or dist:
+            return True
+        lp = h.latest()
+        return lp is not None and lp.role == "worker"
+
+    def launcher_of_ranks(self, h: ProcHistory, candidates: set[int]) -> bool:
+        """A process without a rank of its own whose descendants are ranks with theirs: the launcher
+        (torchrun, a notebook, a server front-end), whatever it holds."""
+        if env_rank(h) is not None or has_dist_threads(h):
+            return False
+        return any(h.pid in {a.pid for a in ancestors(self.view, self.view.procs[c])} and env_rank(self.view.procs[c])
+                   is not None for c in candidates if c != h.pid)
+
+
+def rank_processes(view: NodeView, th: Thresholds) -> list[ProcHistory]:
+    rk = _Ranker(view, th)
+    cands = {h.pid for h in view.procs.values() if rk.candidate(h)}
+    return [view.procs[p] for p in sorted(cands) if not rk.launcher_of_ranks(view.procs[p], cands)]
+
+
+def learn_log_ranks(view: NodeView) -> None:
+    """torch prefixes its log lines with ``[rankN]``: a rank hint when the env has none (only from
+    a log that one process writes)."""
+    writers: dict[str, int] = {}
+    for h in view.procs.values():
+        for target in log_targets(h):
+            writers[target] = writers.get(target, 0) + 1
+    for h in view.procs.values():
+        if h.pid in view.log_ranks or h.info is None:
+            continue
+        for target in log_targets(h):
+            fs = view.files.get(target)
+            if fs is not None and fs.tail and writers.get(target) == 1:
+                found = set(_LOG_RANK.findall(fs.tail))
+                if len(found) == 1:
+                    view.log_ranks[h.pid] = int(found.pop())
+
+
+def log_targets(h: ProcHistory) -> set[str]:
+    """The files a process writes its stdout/stderr to (one home for this, used everywhere)."""
+    if h.info is None or not h.info.fds:
+        return set()
+    return {v for v in h.info.fds.values() if v}
+
+
+def _arg_rank(h: ProcHistory) -> int | None:
+    texts = []
+    lp = h.latest()
+    if lp is not None and lp.comm:
+        texts.append(lp.comm)
+    if h.info and h.info.cmdline:
+        texts.append(" ".join(h.info.cmdline))
+    for text in texts:
+        m = _ARG_RANK.search(text)
+        if m:
+            return int(next(g for g in m.groups() if g is not None))
+    return None
+
+
+def _rank_of(h: ProcHistory, fr_ranks: dict[int, int], log_ranks: dict[int, int]) -> tuple[int, str] | None:
+    env = env_of(h)
+    for k in RANK_KEYS:
+        v = env.get(k)
+        if v is not None and v.isdigit():
+            return int(v), f"environment {k}"
+    if h.pid in fr_ranks:
+        return fr_ranks[h.pid], "flight-recorder dump"
+    if h.pid in log_ranks:
+        return log_ranks[h.pid], "[rankN] prefix in its log"
+    r = _arg_rank(h)
+    if r is not None:
+        return r, "process title or command line"
+    v = env.get("LOCAL_RANK")
+    if v is not None and v.isdigit():
+        return int(v), "environment LOCAL_RANK"
+    return None
+
+
+def _key(view: NodeView, h: ProcHistory) -> tuple[str, dict[str, str]]:
+    """The launch a rank belongs to, and what the key was made of."""
+    env = env_of(h)
+    parts: dict[str, str] = {}
+    launcher = h.first_ppid if h.first_ppid and h.first_ppid > 1 else None
+    if env.get("SLURM_JOB_ID"):
+        parts["slurm_job"] = env["SLURM_JOB_ID"] + (f".{env['SLURM_STEP_ID']}" if env.get("SLURM_STEP_ID") else "")
+    run_id = env.get("TORCHELASTIC_RUN_ID")
+    if run_id is not None and run_id.strip().lower() not in DEFAULT_RUN_IDS:
+        parts["run_id"] = run_id
+    if env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
+        parts["rendezvous"] = f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
+    restart = env.get("TORCHELASTIC_RESTART_COUNT")
+    if restart and restart != "0":
+        parts["restart"] = restart
+    if parts:
+        unique = "slurm_job" in parts or "run_id" in parts
+        if not unique and launcher is not None:
+            # plain torchrun: run id "none", the same port every time; one launch = one launcher
+            parts["launcher"] = str(launcher)
+        key = "|".join(f"{k}={v}" for k, v in parts.items())
+        name = parts.get("run_id") or parts.get("slurm_job") or parts.get("rendezvous") or key
+        return f"job:{key}", {**parts, "name": name}
+    if launcher is not None and launcher in view.procs:
+        return f"launcher:{launcher}", {"launcher": str(launcher), "name": f"launcher {launcher}"}
+    return f"pid:{h.pid}", {"pid": str(h.pid), "name": f"pid {h.pid}"}
+
+
+def group_jobs(view: NodeView, th: Thresholds | None = None, fr_ranks: dict[int, int] | None = None) -> dict[str, Job]:
+    th = th or Thresholds()
+    fr_ranks = fr_ranks or {}
+    learn_log_ranks(view)
+    members: dict[str, list[ProcHistory]] = {}
+    parts_of: dict[str, dict[str, str]] = {}
+    for h in rank_processes(view, th):
+        key, parts = _key(view, h)
+        members.setdefault(key, []).append(h)
+        parts_of[key] = parts
+    # two processes with the same rank are never one job: split them by launcher
+    for key in list(members):
+        hs = members[key]
+        seen: dict[str, list[ProcHistory]] = {}
+        for h in hs:
+            r = env_rank(h)
+            if r is not None:
+                seen.setdefault(r, []).append(h)
+        if any(len(v) > 1 for v in seen.values()):
+            del members[key]
+            for h in hs:
+                k2 = f"{key}@{h.first_ppid or h.pid}"
+                members.setdefault(k2, []).append(h)
+                parts_of[k2] = {**parts_of[key], "launcher": str(h.first_ppid or h.pid)}
+    jobs: dict[str, Job] = {}
+    for key, hs in members.items():
+        parts = dict(parts_of[key])
+        name = parts.pop("name", key)
+        job = jobs[key] = Job(id=key, name=name, key_parts=parts)
+        for h in hs:
+            ws = env_of(h).get("WORLD_SIZE")
+            if ws and ws.isdigit():
+                job.world_size = int(ws)
+        _assign_ranks(view, job, hs, fr_ranks)
+        parents = {h.first_ppid for h in hs}
+        if len(parents) == 1:
+            p = parents.pop()
+            if p and p > 1 and p in view.procs:
+                job.launcher = p
+                lh = view.procs[p]
+                if lh.info and lh.info.cmdline and key.startswith("launcher:"):
+                    job.name = " ".join(lh.info.cmdline[:3])[:80]
+        job.distributed = len(hs) > 1 or (job.world_size or 1) > 1
+    return jobs
+
+
+def _assign_ranks(view: NodeView, job: Job, hs: list[ProcHistory], fr_ranks: dict[int, int]) -> None:
+    taken: set[int] = set()
+    unranked = []
+    for h in sorted(hs, key=lambda x: x.pid):
+        found = _rank_of(h, fr_ranks, view.log_ranks)
+        if found is None or found[0] in taken:
+            unranked.append(h)
+            continue
+        job.ranks[h.pid], job.rank_source[h.pid] = found
+        taken.add(found[0])
+    # then by GPU index, then by start order
+    def order(x: ProcHistory) -> tuple[int, float, int]:
+        gpus = view.gpu_of.get(x.pid) or {}
+        lp = x.latest()
+        return (min(gpus) if gpus else 1 << 20, (lp.start_time if lp and lp.start_time else x.first_seen), x.pid)
+
+    for h in sorted(unranked, key=order):
+        r = 0
+        while r in taken:
+            r += 1
+        job.ranks[h.pid] = r
+        job.rank_source[h.pid] = "GPU index order" if view.gpu_of.get(h.pid) else "start order"
+        taken.add(r)

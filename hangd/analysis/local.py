@@ -1,0 +1,107 @@
+"""What one process does, judged on its own signals: a pure function, table-tested.
+
+``classify(signals, context, thresholds) -> Reading``. The context carries what the engine knows
+about the process beyond this tick's signals (its stack's verdict while it still describes it, its
+recent progress); nothing here is mutated or remembered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hangd.analysis import stackcat
+from hangd.analysis.model import Local, Reading
+from hangd.analysis.signals import GiB, ProcSignals, Thresholds
+
+# Kernel wait points of a process waiting for work from outside (a socket, an event loop).
+REQUEST_WCHANS = ("inet_csk_accept", "ep_poll", "do_epoll_wait", "do_select", "do_sys_poll", "unix_stream_read",
+                  "sk_wait_data", "pipe_read", "do_poll")
+WAIT_VERDICTS = ("collective", "store")
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """What the engine knows about a process besides this tick's signals."""
+
+    verdict: stackcat.Verdict = stackcat.UNKNOWN  # its stack's verdict, only while it still describes it
+    progressed_recently: bool = False  # strong progress within the window
+    progress_why: str = ""
+
+
+def classify(s: ProcSignals, ctx: Context, th: Thresholds) -> Reading:
+    v = ctx.verdict
+    g = s.gpu
+    works = g.works(th)
+    if s.state == "Z":
+        return Reading(Local.ZOMBIE, "zombie: exited, not yet reaped")
+    if s.state == "T":
+        return Reading(Local.STOPPED, "stopped (SIGSTOP or a debugger): it runs no code at all")
+    # reading fast *and* the data going somewhere (GPU memory, host memory) or waiting on the disk;
+    # importing python packages at start reads too, but into nothing
+    filling = (s.gpu_mem_rate > 0 or s.d_fraction >= 0.25) and (bool(s.gpu_indexes) or s.age_s >= th.startup_cpu_s)
+    reading = filling and ((s.read_per_s or 0) >= th.load_read_per_s or (s.rchar_per_s or 0) >= th.load_rchar_per_s)
+    # a slow reader: bytes from the disk in bursts with sleeps between, long past start-up
+    slow_reading = (s.io_long_per_s or 0) >= th.load_read_per_s and s.io_active_s >= th.io_sustained_s and \
+        (s.read_per_s or 0) + (s.write_per_s or 0) >= th.io_bytes_per_s and (filling or s.age_s >= th.startup_cpu_s)
+    if not works and (reading or slow_reading or v.kind == "loading" or ("loading" in s.log_kinds and s.d_fraction > 0)):
+        if reading:
+            why = f"reading {((s.read_per_s or 0) + (s.rchar_per_s or 0)) / 1e6:.0f} MB/s from disk"
+        elif slow_reading:
+            why = f"reading {(s.io_long_per_s or 0) / 1e6:.0f} MB/s from disk over the last {th.io_window_s:.0f} s"
+        elif v.kind == "loading":
+            why = f"its stack is {v.why} ({v.frame})"
+        else:
+            why = "its log says it loads weights"
+        if s.gpu_mem_rate > 0:
+            why += f", GPU memory growing {s.gpu_mem_rate / 1e6:.0f} MB/s"
+        return Reading(Local.LOADING, why)
+    if v.kind == "graph_capture":
+        return Reading(Local.GRAPH_CAPTURE, f"its stack is capturing a CUDA graph ({v.frame})")
+    growing = min(s.gpu_mem_rate, s.gpu_mem_rate_before) >= th.capture_growth_per_s
+    saturated = (g.util or 0) >= 98 and (g.sm or 0) >= 75
+    if g.active(th) and ("graph_capture" in s.log_kinds or (growing and not saturated)):
+        why = "its log says it captures CUDA graphs" if "graph_capture" in s.log_kinds else \
+            f"GPU memory growing {s.gpu_mem_rate / 1e6:.0f} MB/s while the GPU runs short bursts"
+        return Reading(Local.GRAPH_CAPTURE, why + f" (util {g.util or 0:.0f}%, SM {g.sm or 0:.0f}%)")
+    if works:
+        return Reading(Local.BUSY, (f"GPU working: tensor {g.tensor or 0:.0f}%, DRAM {g.dram or 0:.0f}%, NVLink "
+                                    f"{g.nvlink_mibs or 0:.0f} MiB/s, {g.power_w or 0:.0f} W") if g.has_gpm else
+                       f"GPU working: util {g.util or 0:.0f}%, memory controller {g.util_mem or 0:.0f}%")
+    if v.kind == "compiling" or "compiling" in s.log_kinds or (s.compile_children > 0 and (s.cpu_cores or 0) >= 0.3):
+        why = f"its stack is compiling ({v.frame})" if v.kind == "compiling" else \
+            f"{s.compile_children} compiler processes under it" if s.compile_children else "its log says it compiles"
+        return Reading(Local.COMPILING, why)
+    if g.spins(th):
+        return Reading(Local.SPINNING, (f"spinning in a GPU collective: util {g.util or 0:.0f}% but SM {g.sm or 0:.0f}%, "
+                                        f"tensor {g.tensor or 0:.0f}%, DRAM {g.dram or 0:.0f}%, no NVLink traffic, "
+                                        f"{g.power_w or 0:.0f} W") if g.has_gpm else
+                       f"spinning on the GPU: util {g.util or 0:.0f}% with the memory controller idle")
+    if v.kind in WAIT_VERDICTS:
+        return Reading(Local.WAITING, f"its stack is {v.why}: {v.frame}")
+    if not s.gpu_indexes and (s.cpu_cores or 0) >= 0.02 and ctx.progressed_recently:
+        return Reading(Local.BUSY, f"on CPU ({s.cpu_cores or 0:.1f} cores) and progressing: {ctx.progress_why}")
+    if v.kind == "request_wait" or (s.wchan or "") in REQUEST_WCHANS:
+        return Reading(Local.SERVING, f"its stack is {v.why} ({v.frame})" if v.kind == "request_wait"
+                       else f"sleeping in {s.wchan}: waiting for requests")
+    if s.d_fraction >= 0.5:
+        return Reading(Local.IO_WAIT, f"in uninterruptible I/O (wchan {s.wchan})")
+    if (s.cpu_cores or 0) >= th.busy_cpu_cores and s.state == "R":
+        # the main thread runs; a side thread alone (a dump being written) is not the job working
+        return Reading(Local.CPU, f"on CPU ({s.cpu_cores or 0:.1f} cores)")
+    return Reading(Local.QUIET, describe_quiet(s, v))
+
+
+def describe_quiet(s: ProcSignals, v: stackcat.Verdict) -> str:
+    if v.known:
+        what = f"its stack is {v.why} ({v.frame})"
+    elif s.state in ("S", "D", "I") and s.wchan and s.wchan != "0":
+        what = f"sleeping in {s.wchan}"
+    elif s.state == "R":
+        what = "running (state R) with little CPU"
+    else:
+        what = f"sleeping (state {s.state or '?'})"
+    if s.gpu_indexes and s.gpu_mem > 0:
+        what += f"; GPU idle, {s.gpu_mem / GiB:.1f} GiB held"
+    elif s.gpu_indexes:
+        what += "; GPU idle, no GPU memory held"
+    return what

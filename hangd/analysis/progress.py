@@ -1,0 +1,118 @@
+"""Progress: which signal moved, and whose it is.
+
+A job is hung only when none of its ranks progresses, so everything rests on crediting progress
+to the right process. Progress is real work on the GPU, GPU or host memory changing, sustained disk
+I/O, a log the process itself wrote growing, its flight-recorder sequence numbers advancing, its
+stack changing between captures, and its collectives completing (a rank blocked in a collective
+whose main thread keeps waking up). It is not CPU time (a rank spinning in a collective burns a
+core), nor a shared log that someone else wrote, nor a short burst of I/O (a dump being written).
+
+"Strong" progress ends a hang; "weak" progress (data moving through read/write calls, host
+memory changing, collectives completing with no work) only keeps one from being declared.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from hangd.analysis.signals import GiB, ProcSignals, Thresholds
+
+COLLECTIVE_WAITS = ("collective", "store")
+
+
+@dataclass
+class Progress:
+    """What one process last did that counts as progress."""
+
+    last: float | None = None  # any progress
+    last_strong: float | None = None
+    why: str = ""
+    strong_secs: deque[int] = field(default_factory=lambda: deque(maxlen=300))  # seconds with strong progress
+    io_since: float | None = None
+    chars_since: float | None = None
+
+    def recent(self, t: float, within: float) -> bool:
+        return self.last_strong is not None and t - self.last_strong <= within
+
+
+class ProgressBook:
+    """Progress per pid; ``credit`` is the one way in."""
+
+    def __init__(self, th: Thresholds) -> None:
+        self.th = th
+        self.by_pid: dict[int, Progress] = {}
+
+    def of(self, pid: int) -> Progress:
+        p = self.by_pid.get(pid)
+        if p is None:
+            p = self.by_pid[pid] = Progress()
+        return p
+
+    def forget(self, pid: int) -> None:
+        self.by_pid.pop(pid, None)
+
+    def credit(self, pid: int, t: float, why: str, strong: bool) -> None:
+        p = self.of(pid)
+        if p.last is None or t >= p.last:
+            p.last, p.why = t, why
+        if strong and (p.last_strong is None or t >= p.last_strong):
+            p.last_strong = t
+        if strong and (not p.strong_secs or int(t) > p.strong_secs[-1]):
+            p.strong_secs.append(int(t))
+
+    def observe(self, pid: int, s: ProcSignals, t: float, last_wait: str | None) -> None:
+        """Credit what moved in this process's signals at ``t``. ``last_wait`` is the kind of wait
+        its last stack showed (``collective``, ``store``, ...) while it stayed blocked there."""
+        th = self.th
+        p = self.of(pid)
+        if s.state == "Z":
+            return
+        g = s.gpu
+        if g.any_work() and s.gpu_work_at is not None:
+            self.credit(pid, s.gpu_work_at, f"GPU {s.gpu_indexes[0]} working (tensor {g.tensor or 0:.0f}%, DRAM "
+                        f"{g.dram or 0:.0f}%, NVLink {g.nvlink_mibs or 0:.0f} MiB/s)" if g.has_gpm else
+                        f"GPU {s.gpu_indexes[0]} memory controller {g.util_mem or 0:.0f}% busy", strong=True)
+        if abs(s.gpu_mem_change) >= th.gpu_mem_change_bytes:
+            self.credit(pid, t, f"GPU memory changed by {s.gpu_mem_change / GiB:+.2f} GiB", strong=True)
+        io = (s.read_per_s or 0) + (s.write_per_s or 0)
+        if io >= th.io_bytes_per_s:
+            if p.io_since is None:
+                p.io_since = t
+            # a short burst (a dump being written) is not progress of a hung job; sustained I/O is
+            self.credit(pid, t, f"disk I/O {io / 1e6:.0f} MB/s", strong=t - p.io_since >= th.io_sustain_s)
+        else:
+            p.io_since = None
+        if (s.io_long_per_s or 0) >= th.io_bytes_per_s and s.io_active_s >= th.io_sustained_s and s.io_last_at is not None:
+            # a slow reader reads in bursts with sleeps between: bytes read over a longer window,
+            # credited when they were last read
+            self.credit(pid, s.io_last_at, f"disk I/O {s.io_long_per_s / 1e6:.0f} MB/s over the last "  # type: ignore[operator]
+                        f"{th.io_window_s:.0f} s", strong=True)
+        if s.log_grew_at is not None and t - s.log_grew_at <= th.window_s:
+            self.credit(pid, s.log_grew_at, "it wrote to its log", strong=True)
+        if not s.gpu_indexes and (s.rchar_per_s or 0) + (s.wchar_per_s or 0) >= th.socket_char_per_s and \
+                (s.cpu_cores or 0) >= 0.02:
+            # read/write syscalls also count file reads (imports, a dump being written): only data
+            # moving for a while, as a CPU job's collectives do step after step, is progress
+            if p.chars_since is None:
+                p.chars_since = t
+            if t - p.chars_since >= th.io_sustain_s:
+                self.credit(pid, t, "it moves data (read/write syscalls)", strong=False)
+        else:
+            p.chars_since = None
+        if s.rss_change is not None and abs(s.rss_change) >= th.rss_change_bytes:
+            self.credit(pid, t, f"host memory changed by {s.rss_change / GiB:+.2f} GiB", strong=False)
+        if last_wait in COLLECTIVE_WAITS and (s.wakes_per_s or 0) >= th.wake_per_s:
+            # blocked in a collective, yet its main thread keeps waking: the collectives complete
+            self.credit(pid, t, f"its collectives keep completing (main thread woke {s.wakes_per_s:.0f} times a second)",
+                        strong=False)
+
+    def job_last(self, pids: list[int]) -> tuple[float | None, float | None]:
+        """(last progress of any kind, last strong progress) over ``pids``."""
+        lasts = [x for p in pids if (x := self.of(p).last) is not None]
+        strong = [x for p in pids if (x := self.of(p).last_strong) is not None]
+        return (max(lasts) if lasts else None), (max(strong) if strong else None)
+
+    def why_strongest(self, pids: list[int]) -> str:
+        best = max(pids, key=lambda p: self.of(p).last_strong or 0)
+        return f"pid {best}: {self.of(best).why}"

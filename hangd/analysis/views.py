@@ -1,0 +1,103 @@
+"""What the engine remembers per process and per job between ticks, and the per-tick view of a job
+that the detectors decide on."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from hangd.analysis import stackcat
+from hangd.analysis.identity import Job
+from hangd.analysis.model import Local, Reading, State
+from hangd.analysis.signals import ProcSignals
+
+
+@dataclass
+class ProcTrack:
+    state: State | None = None
+    since: float = 0.0
+    reason: str = ""
+    pending: State | None = None
+    pending_since: float = 0.0
+    started: bool = False
+    quiet_since: float | None = None  # asleep (for starting -> idle) since
+    verdict: stackcat.Verdict = stackcat.UNKNOWN
+    verdict_t: float | None = None
+    verdict_wchan: str | None = None  # where the kernel had it blocked when the stack was taken
+    stack_sig: tuple[str, ...] = ()
+    stack_sig_t: float | None = None
+    threads_seen: dict[str, float] = field(default_factory=dict)  # thread name/tid -> last capture with it
+    reading: Reading = Reading(Local.QUIET, "")
+    job: str | None = None
+    rank: int | None = None
+
+
+@dataclass
+class Culprit:
+    pids: list[int]
+    strength: int  # flight recorder 4 > stopped / RAS 3 > stack or state 2 > inferred 1
+    source: str
+
+
+@dataclass
+class JobTrack:
+    hung: bool = False
+    hung_at: float | None = None
+    stacks_asked: list[float] = field(default_factory=list)
+    native_asked: bool = False
+    fr_asked: float | None = None
+    episode: frozenset[int] | None = None
+    episode_start: float = 0.0
+    episodes: deque[tuple[float, frozenset[int]]] = field(default_factory=lambda: deque(maxlen=64))
+    blame: deque[tuple[int, frozenset[int], frozenset[int]]] = field(default_factory=deque)  # (second, waited for, waiters)
+    exited: dict[int, float] = field(default_factory=dict)
+    exits_reported: set[int] = field(default_factory=set)
+    fr: dict[int, tuple[float, Any]] = field(default_factory=dict)  # rank -> (t, Dump)
+    fr_pids: dict[int, int] = field(default_factory=dict)  # rank -> pid of the process that dumped
+    fr_keys: set[tuple[str, str | None, int | None]] = field(default_factory=set)
+    findings: list[Any] = field(default_factory=list)  # flightrec Findings
+    culprit: Culprit | None = None
+    last_seen: float = 0.0
+    pids: set[int] = field(default_factory=set)
+
+
+@dataclass
+class JobView:
+    """One job at one tick: everything a detector decides on."""
+
+    job: Job
+    track: JobTrack
+    t: float
+    live: list[int]
+    sigs: dict[int, ProcSignals]
+    readings: dict[int, Reading]
+    quiet: float  # seconds since any rank progressed
+    last_progress: float
+    last_strong: float | None
+
+    def with_local(self, *kinds: Local) -> set[int]:
+        return {p for p in self.live if self.readings[p].local in kinds}
+
+    @property
+    def spinning(self) -> set[int]:
+        return self.with_local(Local.SPINNING)
+
+    @property
+    def waiting(self) -> set[int]:
+        """Ranks blocked in a collective (on the GPU or host-side): they wait for a peer."""
+        return self.with_local(Local.SPINNING, Local.WAITING)
+
+    @property
+    def stopped(self) -> set[int]:
+        return self.with_local(Local.STOPPED)
+
+    @property
+    def serving(self) -> set[int]:
+        return self.with_local(Local.SERVING)
+
+    def rank(self, pid: int) -> int:
+        return self.job.ranks.get(pid, -1)
+
+    def by_rank(self, pids: set[int] | list[int]) -> list[int]:
+        return sorted(pids, key=lambda p: (self.job.ranks.get(p, 1 << 30), p))
