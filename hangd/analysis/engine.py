@@ -35,7 +35,7 @@ from hangd.analysis.model import (
 from hangd.analysis.progress import ProgressBook
 from hangd.analysis.signals import NodeView, ProcSignals, Thresholds, proc_signals
 from hangd.analysis.views import JobTrack, JobView, ProcTrack
-from hangd.evidence import Requests
+from hangd.evidence import Requests, decode_evidence
 from hangd.flightrec.analyze import Finding, analyze
 from hangd.incidents import Incident, IncidentBook
 from hangd.snapshot import GpuSample, Snapshot
@@ -67,6 +67,7 @@ class Analyzer:
 
     def step(self, snap: Snapshot) -> list[StateChange]:
         """Feed one snapshot; the state changes it caused."""
+        decode_evidence(snap)  # sources decode already; a hand-made snapshot may not have
         self.view.feed(snap)
         t = snap.t
         for pid in self.view.new_stacks:

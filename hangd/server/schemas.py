@@ -42,6 +42,7 @@ class IncidentList(BaseModel):
 class ProcessOut(BaseModel):
     pid: int
     rank: int | None
+    rank_from: str | None = None
     job: str
     state: str
     since: float
@@ -52,6 +53,7 @@ class ProcessOut(BaseModel):
     cpu_cores: float | None = None
     last_progress: float | None = None
     last_progress_why: str = ""
+    command: str | None = None
 
 
 class JobOut(BaseModel):
@@ -59,6 +61,8 @@ class JobOut(BaseModel):
     name: str
     state: str | None
     ranks: dict[str, int]
+    rank_from: dict[str, str | None] = Field(default={}, description="per rank: how its rank was known (environment RANK, flight-recorder dump, [rankN] log prefix, command line, GPU index order, ...)")
+    key_parts: dict[str, str] = Field(default={}, description="what the job key was made of (rendezvous, run_id, slurm_job, restart, launcher)")
     world_size: int | None = None
     launcher: int | None = None
     last_progress: float | None = None
