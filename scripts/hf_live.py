@@ -252,6 +252,7 @@ def run_scenario(name: str, out: Path, ckpt: Path, serve: psutil.Process, job_en
     meta.update({"scenario": name, "notes": notes, "world_size": 2,
                  "ranks": runs[-1]["ranks"], "jobs": [{"ranks": r["ranks"], "launcher": r["launcher_pid"],
                                                      "workload": r["scenario"]} for r in runs],
+                 "driver": "scripts/hf_live.py (one hangd serve --interval 1 for all five scenarios; this trace by hangd record --stacks-every 10 beside it)",
                  "launch": "torchrun --nproc-per-node 2 --master-port P tests/workloads/hf_tp.py SCENARIO OUT CKPT "
                            "(no --rdzv-id)", "software": versions()})
     (d / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
@@ -356,6 +357,16 @@ def judge(sc: dict[str, Any], incidents: list[dict[str, Any]], rows: list[dict[s
             false_alarms.append({"id": i["id"], "kind": i["kind"], "why": "a second hang incident"})
     sc["false_alarms"] = false_alarms
     sc["incidents_after_teardown"] = after_teardown
+    if expect is not None and hang_t is not None:
+        # short of an incident of its own: when hangd first called a rank hung, and when it first
+        # added to an incident that was already open (a job it had merged with an earlier one)
+        hung = [r["t"] for r in rows if r["pid"] in pids and r["state"] == "hung" and hang_t <= r["t"] < (torn or 1e18)]
+        sc["hung_state_latency_s"] = round(min(hung) - hang_t, 1) if hung else None
+        upd = sorted((e["t"], i["id"], e.get("note", "")) for i in incidents for e in (i.get("timeline") or [])
+                     if e.get("event") == "updated" and hang_t <= e["t"] < (torn or 1e18)
+                     and set(i.get("pids") or []) & pids)
+        sc["hang_noted_as_update"] = ({"incident": upd[0][1], "latency_s": round(upd[0][0] - hang_t, 1),
+                                       "note": upd[0][2]} if upd else None)
     if expect is not None:
         sc["hang_began_at"] = hang_t
         sc["detected"] = hit is not None
@@ -387,7 +398,30 @@ def metric(metrics: str, name: str) -> float | None:
     return float(m.group(1)) if m else None
 
 
+def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"scenario": s["scenario"], "expected": s["expected"], "detected": s.get("detected"),
+             "detection": s.get("detection"), "hung_state_latency_s": s.get("hung_state_latency_s"),
+             "hang_noted_as_update": s.get("hang_noted_as_update"), "false_alarms": len(s["false_alarms"]),
+             "incidents": [(i["id"], i["kind"], i["culprit_ranks"], i["status"]) for i in s["incidents"]],
+             "state_agreement": s["state_agreement"]["fraction"]} for s in results]
+
+
+def rejudge(out: Path) -> None:
+    """Judge a finished run again (report.json, incidents.json, states.jsonl in OUT), e.g. after a change here."""
+    report = json.loads((out / "report.json").read_text())
+    details = json.loads((out / "incidents.json").read_text())
+    rows = [json.loads(x) for x in (out / "states.jsonl").read_text().splitlines() if x.strip()]
+    for sc in report["scenarios"]:
+        judge(sc, details, rows)
+    report["summary"] = summarize(report["scenarios"])
+    (out / "report.json").write_text(json.dumps(report, indent=1))
+    print(json.dumps(report["summary"], indent=1))
+
+
 def main() -> None:
+    if sys.argv[1] == "--rejudge":
+        rejudge(Path(sys.argv[2]))
+        return
     out = Path(sys.argv[1]).resolve()
     out.mkdir(parents=True, exist_ok=True)
     job_env = job_env_base()
@@ -458,10 +492,7 @@ def main() -> None:
         "hold_after_hang_s": HOLD,
         "skipped": skipped,
         "scenarios": results,
-        "summary": [{"scenario": s["scenario"], "expected": s["expected"], "detected": s.get("detected"),
-                     "detection": s.get("detection"), "false_alarms": len(s["false_alarms"]),
-                     "incidents": [(i["id"], i["kind"], i["culprit_ranks"], i["status"]) for i in s["incidents"]],
-                     "state_agreement": s["state_agreement"]["fraction"]} for s in results],
+        "summary": summarize(results),
         "hangd": {"cpu_core_fraction_suite": round(suite_cpu, 4), "rss_bytes_max": poller.rss_max,
                   "rss_bytes_end": sp.memory_info().rss,
                   "tick_p50_s_bucket": histogram_quantile(metrics, "hangd_tick_duration_seconds", 0.5),
