@@ -418,7 +418,8 @@ class Analyzer:
                 others = [o for o in live if o != pid and o not in waiting]
                 state = State.WAITING_PEER
                 reason = why + (f"; waiting for rank {', '.join(str(job.ranks[o]) for o in others)}" if others else "")
-            elif loc == Local.STOPPED or (waiting and pid not in waiting and pid not in serving):
+            elif loc == Local.STOPPED or (waiting and pid not in waiting and pid not in serving
+                                          and loc not in (Local.LOADING, Local.COMPILING, Local.GRAPH_CAPTURE)):
                 state = State.STRAGGLER
                 waiters = ", ".join(str(job.ranks[w]) for w in sorted(waiting, key=lambda w: job.ranks.get(w, 0)))
                 reason = (f"rank{'s' if len(waiting) > 1 else ''} {waiters} wait{'s' if len(waiting) == 1 else ''} "

@@ -29,9 +29,11 @@ class Thresholds:
     window_s: float = 2.0  # rates and GPU readings are averaged over this window
     # GPU work: tensor or DRAM activity (GPM %), or NVLink traffic. A spinning NCCL kernel shows
     # 100% util at ~18% SM, 0% tensor, 0% DRAM, no NVLink (FIELD-NOTES).
+    # Light work counts too: token-by-token generation of a small tensor-parallel model shows SM
+    # 2-7%, tensor 0.1-0.3%, DRAM ~2% and NVLink 65-290 MB/s, where a spinning kernel shows 0 and 0.
     gpu_tensor_pct: float = 3.0
-    gpu_dram_pct: float = 3.0
-    gpu_nvlink_mibs: float = 200.0
+    gpu_dram_pct: float = 1.0
+    gpu_nvlink_mibs: float = 20.0
     gpu_util_mem_pct: float = 3.0  # fallback without GPM: memory-controller activity
     spin_util_pct: float = 90.0
     spin_sm_max_pct: float = 40.0

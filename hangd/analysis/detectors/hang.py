@@ -118,7 +118,8 @@ def fill(env: Env, jv: JobView, inc: object) -> None:
         parts.append(f"{who} {'is' if one else 'are'} not in the collective {'its' if one else 'their'} peers wait in: "
                      + "; ".join(f"rank {job.ranks[p]}: {readings[p].why}" for p in culprits if p in readings))
     if waiters:
-        parts.append("; ".join(f"rank {job.ranks[p]} has waited {jv.quiet:.0f} s: {readings[p].why}"
+        waited = jv.t - (inc.hang_started_at if inc.hang_started_at is not None else jv.last_progress)
+        parts.append("; ".join(f"rank {job.ranks[p]} has waited {waited:.0f} s: {readings[p].why}"
                                for p in waiters if p in readings))
     if not culprits and not waiters:
         parts.append(f"no rank has progressed for {jv.quiet:.0f} s")

@@ -41,7 +41,9 @@ def step(env: Env, jv: JobView) -> None:
     first_blame = tr.blame[0][0] if tr.blame else t
     victims = {p for _, _, w in tr.blame for p in w}
     progressed = len({sec for p in victims for sec in env.progress.of(p).strong_secs if sec >= first_blame})
-    worst = [p for p, n in blamed.items() if n >= th.straggler_wait_s] if not tr.hung and progressed >= 3 else []
+    # ... and recently so: a rank that made them wait for good is a hang in the making
+    recent = any(env.progress.of(p).recent(t, th.straggler_wait_s / 2) for p in victims)
+    worst = [p for p, n in blamed.items() if n >= th.straggler_wait_s] if not tr.hung and progressed >= 3 and recent else []
     inc = env.book.get(job.id, FAMILY)
     if worst and inc is None:
         inc = env.book.open_incident(IncidentKind.STRAGGLER, job.id, t)
