@@ -50,8 +50,14 @@ def exit_status(out: dict[str, Any]) -> int:
 
 
 def analyze_paths(paths: list[str]) -> tuple[dict[str, Any], str]:
+    """The ``--json`` document and the text report for the dumps at ``paths``."""
     skipped: dict[str, str] = {}
     dumps, errors = collect(paths, skipped)
+    return report(dumps, errors, skipped, paths)
+
+
+def report(dumps: list[Dump], errors: dict[int | str, str], skipped: dict[str, str],
+           paths: list[str]) -> tuple[dict[str, Any], str]:
     findings: list[Finding] = analyze(dumps, errors)
     findings += missing_dumps(dumps, errors)
     out = summary(dumps, findings)
