@@ -92,11 +92,11 @@ def cmd_watch(args: argparse.Namespace) -> int:
 
 
 def cmd_fr_analyze(args: argparse.Namespace) -> int:
-    from hangd.flightrec.cli import analyze_paths
+    from hangd.flightrec.cli import analyze_paths, exit_status
 
     out, text = analyze_paths(args.paths)
     print(json.dumps(out, indent=1, default=str) if args.json else text)
-    return 0
+    return exit_status(out)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -134,7 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     fr = sub.add_parser("fr", help="PyTorch flight-recorder dumps")
     frs = fr.add_subparsers(dest="fr_cmd", required=True, parser_class=_Parser)
-    fa = frs.add_parser("analyze", help="find who broke the collective, from dump files or directories")
+    fa = frs.add_parser("analyze", help="find who broke the collective, from dump files or directories",
+                        epilog="exit status: 0 every rank read and in agreement, 1 a finding "
+                               "(including a rank with no dump or an unreadable file), 2 no dump could be read")
     fa.add_argument("paths", nargs="+")
     fa.add_argument("--json", action="store_true")
     fa.set_defaults(func=cmd_fr_analyze)

@@ -84,7 +84,8 @@ def test_malicious_pickle_is_refused_and_nothing_runs(tmp_path):
     p.write_bytes(evil)
     with pytest.raises(DumpError, match="would import or call"):
         read_file(str(p))
-    out = run_hangd("fr", "analyze", str(p), "--json")
+    out = run_hangd("fr", "analyze", str(p), "--json", check=False)
+    assert out.returncode == 2  # nothing could be read
     doc = json.loads(out.stdout)
     assert doc["findings"][0]["kind"] == "unreadable" and "refused" in doc["findings"][0]["message"]
     assert not marker.exists()
@@ -118,7 +119,9 @@ def test_bad_files_do_not_take_the_other_ranks_down(tmp_path):
 
 
 def test_real_nccl_dumps_one_missing_rank_finding():
-    doc = json.loads(run_hangd("fr", "analyze", str(NCCL_DUMPS), "--json").stdout)
+    r = run_hangd("fr", "analyze", str(NCCL_DUMPS), "--json", check=False)
+    assert r.returncode == 1  # a finding
+    doc = json.loads(r.stdout)
     assert [r["rank"] for r in doc["ranks"]] == [0, 1]
     f = [x for x in doc["findings"] if x["kind"] != "stuck"]
     assert len(f) == 1
@@ -163,6 +166,12 @@ def _gloo_dumps(tmp_path: Path, mode: str) -> Path:
     return out
 
 
+def _fr_json(path: Path) -> dict:
+    r = run_hangd("fr", "analyze", str(path), "--json", check=False)
+    assert r.returncode == 1, r.stderr
+    return json.loads(r.stdout)
+
+
 def _kinds(doc: dict) -> list[tuple]:
     return sorted((f["kind"], f["seq"], tuple(f["missing_ranks"]), json.dumps(f["sizes"], sort_keys=True))
                   for f in doc["findings"] if f["kind"] != "stuck")
@@ -170,8 +179,7 @@ def _kinds(doc: dict) -> list[tuple]:
 
 def test_real_gloo_job_that_skips_a_collective(tmp_path):
     out = _gloo_dumps(tmp_path, "skip")
-    p = json.loads(run_hangd("fr", "analyze", str(out / "pickle"), "--json").stdout)
-    j = json.loads(run_hangd("fr", "analyze", str(out / "json"), "--json").stdout)
+    p, j = _fr_json(out / "pickle"), _fr_json(out / "json")
     assert {r["encoding"] for r in p["ranks"]} == {"pickle"} and {r["encoding"] for r in j["ranks"]} == {"json"}
     assert _kinds(p) == _kinds(j)
     f = [x for x in p["findings"] if x["kind"] == "missing_rank"]
@@ -180,8 +188,7 @@ def test_real_gloo_job_that_skips_a_collective(tmp_path):
 
 def test_real_gloo_job_with_different_sizes(tmp_path):
     out = _gloo_dumps(tmp_path, "size")
-    p = json.loads(run_hangd("fr", "analyze", str(out / "pickle"), "--json").stdout)
-    j = json.loads(run_hangd("fr", "analyze", str(out / "json"), "--json").stdout)
+    p, j = _fr_json(out / "pickle"), _fr_json(out / "json")
     assert _kinds(p) == _kinds(j)
     f = [x for x in p["findings"] if x["kind"] == "size_mismatch"]
     assert len(f) == 1 and f[0]["seq"] == 4

@@ -29,7 +29,7 @@ def _size_checked(op: str) -> bool:
 
 @dataclass
 class Finding:
-    kind: str  # missing_rank | op_mismatch | size_mismatch | dtype_mismatch | stuck | unreadable
+    kind: str  # missing_rank | op_mismatch | size_mismatch | dtype_mismatch | stuck | unreadable | missing_dump
     pg: str | None
     seq: int | None
     op: str | None
@@ -65,7 +65,7 @@ def analyze(dumps: list[Dump], errors: dict[int | str, str] | None = None) -> li
     for who, why in (errors or {}).items():
         findings.append(Finding(kind="unreadable", pg=None, seq=None, op=None,
                                 ranks=[who] if isinstance(who, int) else [],
-                                message=f"rank {who}: {why}"))
+                                message=f"rank {who}: {why}" if isinstance(who, int) else f"{who}: {why}"))
     by_rank = {d.rank: d for d in dumps if d.rank is not None}
     groups: dict[str, set[int]] = {}
     for r, d in by_rank.items():
@@ -82,6 +82,34 @@ def analyze(dumps: list[Dump], errors: dict[int | str, str] | None = None) -> li
             continue
         findings.extend(_analyze_group(pg, {r: by_rank[r] for r in members}))
     return findings
+
+
+def missing_dumps(dumps: list[Dump], errors: dict[int | str, str] | None = None) -> list[Finding]:
+    """Ranks that a group's ``pg_config`` lists but for which no dump was given (nor found
+    unreadable): without them the group cannot be compared, whatever the others agree on."""
+    by_rank = {d.rank: d for d in dumps if d.rank is not None}
+    unreadable = {r for r in (errors or {}) if isinstance(r, int)}
+    members: dict[str, set[int]] = {}
+    desc: dict[str, Any] = {}
+    for d in by_rank.values():
+        for pg, cfg in d.pg_config.items():
+            members.setdefault(pg, set()).update(r for r in cfg.get("ranks") or [] if isinstance(r, int))
+            desc.setdefault(pg, cfg.get("desc"))
+    out: list[Finding] = []
+    for pg in sorted(members):
+        missing = sorted(members[pg] - set(by_rank) - unreadable)
+        if not missing:
+            continue
+        given = sorted(members[pg] & set(by_rank))
+        label = f"{pg} ({desc[pg]})" if desc[pg] and desc[pg] != pg else pg
+        out.append(Finding(
+            kind="missing_dump", pg=pg, seq=None, op=None, ranks=given, missing_ranks=missing,
+            message=(f"pg {label} has {len(members[pg])} ranks; no dump was given for "
+                     f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))}, so the "
+                     f"collectives of rank{'s' if len(given) > 1 else ''} {', '.join(map(str, given))} "
+                     "could not be compared with theirs"),
+        ))
+    return out
 
 
 def _analyze_group(pg_key: str, dumps: dict[int, Dump]) -> list[Finding]:
@@ -104,10 +132,11 @@ def _analyze_group(pg_key: str, dumps: dict[int, Dump]) -> list[Finding]:
     lo = max(first.values())
     hi = max(last.values())
     reported_missing = False
-    for seq in range(lo, hi + 1):
+    # Only sequence numbers some rank recorded can be compared; walking lo..hi instead would let a
+    # dump claiming last_enqueued_collective = 2**62 keep this loop busy for ever.
+    window = sorted({s for r in dumps for s in seqs[r] if lo <= s <= hi})
+    for seq in window:
         have = {r: seqs[r][seq] for r in dumps if seq in seqs[r]}
-        if not have:
-            continue
         ref = have[min(have)]
         never = sorted(r for r in dumps if seq not in seqs[r] and last[r] < seq)
         if never and not reported_missing and not all(e.completed for e in have.values()):
@@ -144,7 +173,7 @@ def _analyze_group(pg_key: str, dumps: dict[int, Dump]) -> list[Finding]:
             out.append(Finding(kind="dtype_mismatch", message=f"{_base_op(ref.op)} #{seq} in pg {label} has different dtypes: "
                                + ", ".join(f"rank {r}: {e.input_dtypes}" for r, e in sorted(have.items())), **kwargs))
     # stuck: every rank enqueued the same seq, none completed it
-    for seq in range(lo, hi + 1):
+    for seq in window:
         if not all(seq in seqs[r] for r in dumps):
             continue
         have = {r: seqs[r][seq] for r in dumps}
