@@ -10,7 +10,7 @@ import sys
 from typing import Any, NoReturn
 
 from hangd import __version__
-from hangd.config import ConfigError, Settings, load_settings
+from hangd.config import ConfigError, Settings, load_settings, seconds_arg
 
 
 class _Parser(argparse.ArgumentParser):
@@ -33,11 +33,13 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_record(args: argparse.Namespace) -> int:
     from hangd.record import record
+    from hangd.trace import TraceError
 
-    if args.hz <= 0 or args.seconds <= 0:
-        raise ConfigError("--hz and --seconds must be > 0")
     s = _settings(args)
-    res = record(s, args.out, args.seconds, args.hz, stacks_every=args.stacks_every, fr_every=args.fr_every)
+    try:
+        res = record(s, args.out, args.seconds, args.hz, stacks_every=args.stacks_every, fr_every=args.fr_every)
+    except TraceError as e:
+        raise ConfigError(str(e)) from e
     print(f"recorded {res['snapshots']} snapshots to {res['out']}")
     return 0
 
@@ -108,28 +110,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     st = sub.add_parser("status", help="one look at the node now")
     st.add_argument("--json", action="store_true")
-    st.add_argument("--seconds", type=float, default=2.0, help="observe this long to measure rates (default 2)")
+    st.add_argument("--seconds", type=seconds_arg(0, 3600), default=2.0, help="observe this long to measure rates (default 2)")
     st.set_defaults(func=cmd_status)
 
     rec = sub.add_parser("record", help="record the node as a hangd-trace/1 bundle")
     rec.add_argument("--out", required=True)
-    rec.add_argument("--seconds", type=float, default=60.0)
-    rec.add_argument("--hz", type=float, default=4.0)
-    rec.add_argument("--stacks-every", type=float, default=0.0, help="also dump every rank's stack this often (s)")
-    rec.add_argument("--fr-every", type=float, default=0.0,
+    rec.add_argument("--seconds", type=seconds_arg(), default=60.0)
+    rec.add_argument("--hz", type=seconds_arg(0, 1000), default=4.0)
+    rec.add_argument("--stacks-every", type=seconds_arg(lo_open=False), default=0.0, help="also dump every rank's stack this often (s)")
+    rec.add_argument("--fr-every", type=seconds_arg(lo_open=False), default=0.0,
                      help="also ask ranks with a dump pipe for a flight-recorder dump this often (s)")
     rec.set_defaults(func=cmd_record)
 
     rp = sub.add_parser("replay", help="run a recorded trace through the analysis")
     rp.add_argument("dir")
     rp.add_argument("--json", action="store_true")
-    rp.add_argument("--speed", type=float, default=0.0, help="N times real time (default: as fast as possible)")
+    rp.add_argument("--speed", type=seconds_arg(0, 1e6, lo_open=False), default=0.0, help="N times real time (default: as fast as possible)")
     rp.set_defaults(func=cmd_replay)
 
     w = sub.add_parser("watch", help="follow the node: state changes and incidents as they happen")
     w.add_argument("--json", action="store_true", help="one JSON object a line")
-    w.add_argument("--interval", type=float, default=None, help="seconds between samples (default 1)")
-    w.add_argument("--seconds", type=float, default=0.0, help="stop after this long (default: never)")
+    w.add_argument("--interval", type=seconds_arg(), default=None, help="seconds between samples (default 1)")
+    w.add_argument("--seconds", type=seconds_arg(lo_open=False), default=0.0, help="stop after this long (default: never)")
     w.set_defaults(func=cmd_watch)
 
     fr = sub.add_parser("fr", help="PyTorch flight-recorder dumps")

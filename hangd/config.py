@@ -1,18 +1,33 @@
 """One typed settings object, built at start (never at import) from, in order of precedence:
 command-line flags, ``HANGD_*`` environment variables, a TOML file (``--config``,
-``HANGD_CONFIG`` or ``/etc/hangd/hangd.toml`` when present), and the defaults here."""
+``HANGD_CONFIG`` or ``/etc/hangd/hangd.toml`` when present), and the defaults here.
+
+Every value is checked when it enters (type, finite, in range), layer by layer, so the one-line
+error names where the bad value came from (``--interval``, ``HANGD_INTERVAL``, the file)."""
 
 from __future__ import annotations
 
-import dataclasses
+import argparse
+import math
 import os
+import stat
 import tomllib
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+)
 
 DEFAULT_PORT = 9877  # not taken by node_exporter (9100), dcgm-exporter (9400), Prometheus (9090)
 DEFAULT_CONFIG = "/etc/hangd/hangd.toml"
+MAX_SMALL_FILE = 1 << 20  # a settings or token file larger than this is not one
 
 
 class ConfigError(Exception):
@@ -26,27 +41,77 @@ def default_db_url() -> str:
     return f"sqlite:///{os.path.join(base, 'hangd', 'hangd.db')}"
 
 
-@dataclass
-class Settings:
+def read_small_file(path: str, what: str) -> bytes:
+    """The bytes of a regular file of at most 1 MiB. A FIFO, device or directory is refused before
+    it is opened (opening a FIFO would block start-up forever)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError as e:
+        raise ConfigError(f"{what} {path}: not found") from e
+    except OSError as e:
+        raise ConfigError(f"{what} {path}: {e.strerror}") from e
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(f"{what} {path}: not a regular file")
+    try:
+        # O_NONBLOCK: if the path is swapped for a FIFO after the stat, the open still returns
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise ConfigError(f"{what} {path}: {e.strerror}") from e
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise ConfigError(f"{what} {path}: not a regular file")
+        data = f.read(MAX_SMALL_FILE + 1)
+    if len(data) > MAX_SMALL_FILE:
+        raise ConfigError(f"{what} {path}: larger than {MAX_SMALL_FILE} bytes")
+    return data
+
+
+def _seconds(lo: float, hi: float, *, lo_open: bool = False) -> Any:
+    return Field(gt=lo, le=hi, allow_inf_nan=False) if lo_open else Field(ge=lo, le=hi, allow_inf_nan=False)
+
+
+DAY = 86400.0
+
+
+def _lower(v: Any) -> Any:
+    return v.strip().lower() if isinstance(v, str) else v
+
+
+def _split(v: Any) -> Any:
+    return [x.strip() for x in v.split(",") if x.strip()] if isinstance(v, str) else v
+
+
+def _token(v: str | None) -> str | None:
+    if v is not None and v and not v.strip():
+        raise ValueError("a token of only whitespace is no token")
+    return v or None
+
+
+LogLevel = Annotated[Literal["debug", "info", "warning", "error", "critical"], BeforeValidator(_lower)]
+
+
+class Settings(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=False)
+
     listen: str = f"127.0.0.1:{DEFAULT_PORT}"
-    db: str = field(default_factory=default_db_url)
-    interval: float = 1.0  # seconds between samples
-    token: str | None = None
+    db: Annotated[str, Field(min_length=1, max_length=4096)] = Field(default_factory=default_db_url)
+    interval: Annotated[float, _seconds(0.01, 3600)] = 1.0  # seconds between samples
+    token: Annotated[str | None, AfterValidator(_token)] = None
     token_file: str | None = None
-    proc_root: str = "/proc"
-    job_env: list[str] = field(default_factory=lambda: ["MASTER_ADDR", "TORCHELASTIC_RUN_ID"])
+    proc_root: Annotated[str, Field(min_length=1)] = "/proc"
+    job_env: Annotated[list[str], BeforeValidator(_split)] = Field(default_factory=lambda: ["MASTER_ADDR", "TORCHELASTIC_RUN_ID"])
     nvml: bool = True
     stacks: bool = True
-    pyspy_timeout: float = 5.0
-    retention_days: float = 30.0
+    pyspy_timeout: Annotated[float, _seconds(0.1, 600)] = 5.0
+    retention_days: Annotated[float, _seconds(0, 36500, lo_open=True)] = 30.0
     log_json: bool = False
-    log_level: str = "info"
+    log_level: LogLevel = "info"
     replay: str | None = None
-    speed: float = 1.0
+    speed: Annotated[float, _seconds(0, 1e6)] = 1.0  # 0: as fast as possible
     # classifier thresholds (seconds); see docs/operator-guide.md for why these defaults
-    hang_gpu_s: float = 10.0
-    hang_host_s: float = 12.0
-    hang_io_s: float = 30.0
+    hang_gpu_s: Annotated[float, _seconds(0, DAY, lo_open=True)] = 10.0
+    hang_host_s: Annotated[float, _seconds(0, DAY, lo_open=True)] = 12.0
+    hang_io_s: Annotated[float, _seconds(0, DAY, lo_open=True)] = 30.0
 
     def host_port(self) -> tuple[str, int]:
         host, sep, port = self.listen.rpartition(":")
@@ -62,74 +127,90 @@ class Settings:
         if self.token:
             return self.token
         if self.token_file:
+            raw = read_small_file(self.token_file, "token_file")
             try:
-                return Path(self.token_file).read_text().strip() or None
-            except OSError as e:
-                raise ConfigError(f"token_file: cannot read {self.token_file}: {e.strerror}") from e
+                tok = raw.decode().strip()
+            except UnicodeDecodeError as e:
+                raise ConfigError(f"token_file {self.token_file}: not UTF-8 text") from e
+            if not tok:
+                raise ConfigError(f"token_file {self.token_file}: empty (or only whitespace)")
+            return tok
         return None
 
 
-def _coerce(name: str, typ: Any, value: Any) -> Any:
-    if value is None:
-        return None
-    t = str(typ)
+SECRET_FIELDS = ("token", "db")  # a URL may carry a password: never echo these in an error
+_ADAPTERS: dict[str, TypeAdapter[Any]] = {}
+
+
+def _adapter(name: str) -> TypeAdapter[Any]:
+    if name not in _ADAPTERS:
+        f = Settings.model_fields[name]
+        typ: Any = Annotated[(f.annotation, *f.metadata)] if f.metadata else f.annotation
+        _ADAPTERS[name] = TypeAdapter(typ)
+    return _ADAPTERS[name]
+
+
+def _check(source: str, name: str, value: Any) -> Any:
+    """One value of one layer, validated as the field wants it; a ConfigError names the source."""
     try:
-        if "float" in t:
-            v = float(value)
-            if v < 0:
-                raise ValueError("must not be negative")
-            return v
-        if "bool" in t:
-            if isinstance(value, bool):
-                return value
-            s = str(value).strip().lower()
-            if s in ("1", "true", "yes", "on"):
-                return True
-            if s in ("0", "false", "no", "off"):
-                return False
-            raise ValueError("not a boolean")
-        if "list" in t:
-            if isinstance(value, list):
-                return [str(x) for x in value]
-            return [x.strip() for x in str(value).split(",") if x.strip()]
-        return str(value)
-    except ValueError as e:
-        raise ConfigError(f"{name}: {value!r}: {e}") from e
+        v = _adapter(name).validate_python(value)
+    except ValidationError as e:
+        err = e.errors()[0]
+        msg = str(err.get("msg", "invalid")).replace("\n", " ").removeprefix("Value error, ")
+        shown = "(value not shown)" if name in SECRET_FIELDS else repr(value)
+        raise ConfigError(f"{source}: {shown[:80]}{'...' if len(shown) > 80 else ''}: {msg}") from None
+    return v
 
 
 def load_settings(flags: dict[str, Any] | None = None, env: dict[str, str] | None = None,
                   config_path: str | None = None) -> Settings:
     """Build the settings; raises ConfigError with a one-line reason."""
     env = dict(os.environ) if env is None else env
-    fields = {f.name: f for f in dataclasses.fields(Settings)}
+    fields = Settings.model_fields
     values: dict[str, Any] = {}
     path = config_path or env.get("HANGD_CONFIG")
     if path or os.path.exists(DEFAULT_CONFIG):
         p = path or DEFAULT_CONFIG
+        raw = read_small_file(p, "config file")
         try:
-            data = tomllib.loads(Path(p).read_text())
-        except FileNotFoundError as e:
-            raise ConfigError(f"config file {p}: not found") from e
-        except OSError as e:
-            raise ConfigError(f"config file {p}: {e.strerror}") from e
+            data = tomllib.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"config file {p}: not UTF-8 text (byte {e.start})") from e
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"config file {p}: not valid TOML: {e}") from e
         for k, v in data.items():
             if k not in fields:
                 raise ConfigError(f"config file {p}: unknown setting {k!r}")
-            values[k] = _coerce(k, fields[k].type, v)
-    for k, f in fields.items():
+            values[k] = _check(f"config file {p}: {k}", k, v)
+    for k in fields:
         ev = env.get(f"HANGD_{k.upper()}")
-        if ev is not None:
-            values[k] = _coerce(f"HANGD_{k.upper()}", f.type, ev)
+        if ev is not None and ev != "":  # an empty variable (VAR= in an env file) is unset
+            values[k] = _check(f"HANGD_{k.upper()}", k, ev)
     for k, v in (flags or {}).items():
         if v is None:
             continue
         if k not in fields:
             raise ConfigError(f"unknown setting {k!r}")
-        values[k] = _coerce(f"--{k.replace('_', '-')}", fields[k].type, v)
-    s = Settings(**values)
+        values[k] = _check(f"--{k.replace('_', '-')}", k, v)
+    try:
+        s = Settings.model_validate(values)
+    except ValidationError as e:  # the layers passed one by one; this is only a safety net
+        err = e.errors()[0]
+        raise ConfigError(f"{'.'.join(str(x) for x in err.get('loc', ()))}: {err.get('msg')}") from None
     s.host_port()
-    if s.interval <= 0:
-        raise ConfigError(f"interval: {s.interval} must be > 0")
     return s
+
+
+def seconds_arg(lo: float = 0.0, hi: float = 365 * DAY, *, lo_open: bool = True) -> Callable[[str], float]:
+    """An argparse ``type``: a finite number of seconds in range, else a one-line usage error."""
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            v = math.nan
+        ok = math.isfinite(v) and (v > lo if lo_open else v >= lo) and v <= hi
+        if not ok:
+            bound = f"> {lo:g}" if lo_open else f">= {lo:g}"
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number {bound} and <= {hi:g}")
+        return v
+    return parse

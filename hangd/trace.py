@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import shutil
+import types
+import typing
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
 
 from hangd.evidence import decode_evidence
 from hangd.redact import filter_environ, redact_cmdline
@@ -28,29 +31,173 @@ from hangd.snapshot import (
     RasReport,
     Snapshot,
     StackSample,
+    ThreadStack,
 )
 from hangd.sources.stacks import parse_stack
 
 FORMAT = "hangd-trace/1"
 LOG_TAIL_BYTES = 4096
 MAX_FILE_BYTES = 64 * 1024 * 1024
+MAX_LINE_BYTES = 16 * 1024 * 1024  # one event; a recorded one is a few hundred bytes
+MAX_INT = 2**63 - 1  # what a database column holds
 
 
 class TraceError(Exception):
-    """A trace that cannot be read: says which file and why."""
+    """A trace that cannot be read (missing, malformed, mistyped): says which file, line and why."""
 
 
-def _fields(cls: Any) -> set[str]:
-    return {f.name for f in dataclasses.fields(cls)}
+# A trace is untrusted input (attached to a bug, fetched from another host): every value is
+# checked against the type its record declares before it reaches the analysis, so a malformed
+# trace fails here, in one place, as a TraceError, never later as a TypeError deep in a detector.
+
+def _no_constant(text: str) -> Any:
+    raise ValueError(f"{text} is not a number a trace may hold")
 
 
-_GPU_FIELDS = _fields(GpuSample)
-_PROC_FIELDS = _fields(ProcSample)
-_INFO_FIELDS = _fields(ProcInfo)
+def loads(text: str | bytes) -> Any:
+    """``json.loads`` that refuses NaN and Infinity. A number that overflows (``1e999``) still
+    parses to infinity: the field checks below refuse it wherever it lands."""
+    return _DECODER.decode(text.decode("utf-8") if isinstance(text, bytes) else text)
 
 
-def _pick(d: dict[str, Any], allowed: set[str]) -> dict[str, Any]:
+_DECODER = json.JSONDecoder(parse_constant=_no_constant)
+
+
+def _finite_json(v: Any, depth: int = 0) -> bool:
+    if type(v) is float:
+        return math.isfinite(v)
+    if type(v) is list:
+        return depth < 64 and all(_finite_json(x, depth + 1) for x in v)
+    if type(v) is dict:
+        return depth < 64 and all(_finite_json(x, depth + 1) for x in v.values())
+    return True
+
+
+Check = typing.Callable[[Any], bool]
+
+
+def _is_int(v: Any) -> bool:
+    return type(v) is int and -MAX_INT <= v <= MAX_INT
+
+
+def _is_float(v: Any) -> bool:
+    return (type(v) is float or type(v) is int) and math.isfinite(v)
+
+
+def _compile(hint: Any) -> Check:
+    """A fast predicate: whether a JSON value fits a (resolved) type hint of a snapshot record."""
+    if hint is Any:
+        return _finite_json
+    origin = typing.get_origin(hint)
+    if origin in (Union, types.UnionType):
+        args = typing.get_args(hint)
+        checks = [_compile(h) for h in args if h is not type(None)]
+        nullable = type(None) in args
+        if len(checks) == 1:
+            one = checks[0]
+            return (lambda v: v is None or one(v)) if nullable else one
+        return lambda v: (nullable and v is None) or any(c(v) for c in checks)
+    if hint is type(None):
+        return lambda v: v is None
+    if hint is bool:
+        return lambda v: type(v) is bool
+    if hint is int:
+        return _is_int
+    if hint is float:
+        return _is_float
+    if hint is str:
+        return lambda v: type(v) is str
+    if origin is list:
+        item = _compile((typing.get_args(hint) or (Any,))[0])
+        return lambda v: type(v) is list and all(item(x) for x in v)
+    if origin is dict:
+        kh, vh = typing.get_args(hint) or (Any, Any)
+        kc, vc = _compile(kh), _compile(vh)
+        return lambda v: type(v) is dict and all(kc(a) and vc(b) for a, b in v.items())
+    raise TypeError(f"no check for {hint!r}")
+
+
+_CHECKS: dict[Any, Check] = {}
+
+
+def _conforms(v: Any, hint: Any) -> bool:
+    c = _CHECKS.get(hint)
+    if c is None:
+        c = _CHECKS[hint] = _compile(hint)
+    return c(v)
+
+
+def _hints(cls: Any, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.name not in skip}
+
+
+def _required(cls: Any) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+
+
+_GPU_HINTS = _hints(GpuSample, skip=("procs",))
+_PROC_HINTS = _hints(ProcSample)
+_INFO_HINTS = _hints(ProcInfo)
+_GPUPROC_HINTS = _hints(GpuProc)
+# the fields of the other event kinds, as the format (tests/data/traces/FORMAT.md) defines them
+_EVENT_HINTS: dict[str, dict[str, Any]] = {
+    "file": {"path": str, "size": int | None},
+    "stack": {"pid": int, "tool": str, "native": bool | None, "format": str, "seconds": float | None,
+              "file": str | None, "error": str | None},
+    "fr_dump": {"pid": int | None, "rank": int | None, "format": str, "file": str | None, "source": str},
+    "nccl_ras": {"format": str, "file": str | None},
+    "action": {"what": str, "pid": int | None},
+    "unavailable": {"source": str, "why": str},
+}
+_EVENT_REQUIRED: dict[str, set[str]] = {
+    "gpu": _required(GpuSample), "proc": _required(ProcSample), "proc_info": _required(ProcInfo),
+    "file": {"path"}, "stack": {"pid"}, "fr_dump": set(), "nccl_ras": set(), "action": {"what"},
+    "unavailable": {"source", "why"},
+}
+_META_HINTS: dict[str, Any] = {
+    "format": str, "t_start": float | None, "t_end": float | None, "log_files": dict[str, str] | None,
+    "ranks": dict[str, int] | None, "world_size": int | None, "gpus": list[dict[str, Any]] | None,
+    "sample_hz": float | None,
+}
+
+
+_COMPILED: dict[int, dict[str, Check]] = {}
+
+
+def _check_fields(d: dict[str, Any], hints: dict[str, Any], required: set[str], where: str) -> None:
+    for k in required:
+        if d.get(k) is None:
+            raise TraceError(f"{where}: missing field {k!r}")
+    checks = _COMPILED.get(id(hints))
+    if checks is None:
+        checks = _COMPILED[id(hints)] = {k: _compile(h) for k, h in hints.items()}
+    for k, v in d.items():
+        c = checks.get(k)
+        if c is not None and not c(v):
+            raise TraceError(f"{where}: field {k!r} is {_kind_of(v)}, not {_hint_name(hints[k])}")
+
+
+def _kind_of(v: Any) -> str:
+    return "null" if v is None else type(v).__name__
+
+
+def _hint_name(hint: Any) -> str:
+    return str(hint).replace("typing.", "").replace("NoneType", "null")
+
+
+def _pick(d: dict[str, Any], allowed: dict[str, Any] | set[str]) -> dict[str, Any]:
     return {k: v for k, v in d.items() if k in allowed}
+
+
+def _thread(th: ThreadStack) -> ThreadStack:
+    """A parsed thread with each field of the type it declares (stack files are untrusted too)."""
+    th.tid = th.tid if isinstance(th.tid, int) and not isinstance(th.tid, bool) else None
+    th.name = th.name if isinstance(th.name, str) else None
+    th.active = th.active if isinstance(th.active, bool) else None
+    th.owns_gil = th.owns_gil if isinstance(th.owns_gil, bool) else None
+    return th
 
 
 def _clean(d: dict[str, Any]) -> dict[str, Any]:
@@ -69,12 +216,19 @@ class TraceReader:
         events_path = self.root / "trace.jsonl"
         if not events_path.is_file():
             raise TraceError(f"{self.root}: no trace.jsonl (is this a hangd trace directory?)")
-        try:
-            self.meta: dict[str, Any] = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
-        except (OSError, ValueError) as e:
-            raise TraceError(f"{meta_path}: unreadable meta.json: {e}") from e
+        meta: Any = {}
+        if meta_path.is_file():
+            try:
+                with meta_path.open("rb") as f:
+                    meta = loads(f.read(MAX_LINE_BYTES))
+            except (OSError, ValueError, RecursionError) as e:
+                raise TraceError(f"{meta_path}: unreadable meta.json: {str(e)[:200]}") from e
+        if not isinstance(meta, dict):
+            raise TraceError(f"{meta_path}: meta.json is {_kind_of(meta)}, not an object")
+        _check_fields(meta, _META_HINTS, set(), str(meta_path))
+        self.meta: dict[str, Any] = meta
         fmt = self.meta.get("format", FORMAT)
-        if not str(fmt).startswith("hangd-trace/"):
+        if not fmt.startswith("hangd-trace/"):
             raise TraceError(f"{meta_path}: format {fmt!r} is not a hangd trace")
         self.events_path = events_path
         self._log_map: dict[str, str] = dict(self.meta.get("log_files") or {})
@@ -84,20 +238,63 @@ class TraceReader:
         p = self.root / "truth.jsonl"
         if not p.is_file():
             return []
-        return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+        try:
+            rows = [loads(line) for line in p.read_bytes().splitlines() if line.strip()]
+        except (OSError, ValueError, RecursionError) as e:
+            raise TraceError(f"{p}: unreadable: {str(e)[:200]}") from e
+        if not all(isinstance(r, dict) for r in rows):
+            raise TraceError(f"{p}: every line must be a JSON object")
+        return rows
 
     def events(self) -> Iterator[dict[str, Any]]:
-        with self.events_path.open() as f:
-            for n, line in enumerate(f, 1):
-                line = line.strip()
+        """The events in file order; raises TraceError at the first malformed line."""
+        try:
+            f = self.events_path.open("rb")
+        except OSError as e:
+            raise TraceError(f"{self.events_path}: {e.strerror}") from e
+        with f:
+            n = 0
+            while True:
+                n += 1
+                try:
+                    raw = f.readline(MAX_LINE_BYTES + 1)
+                except OSError as e:
+                    raise TraceError(f"{self.events_path}:{n}: {e.strerror}") from e
+                if not raw:
+                    return
+                if len(raw) > MAX_LINE_BYTES:
+                    raise TraceError(f"{self.events_path}:{n}: line longer than {MAX_LINE_BYTES} bytes")
+                where = f"{self.events_path}:{n}"
+                try:
+                    line = raw.decode("utf-8").strip()
+                except UnicodeDecodeError as e:
+                    raise TraceError(f"{where}: not UTF-8 (byte {e.start})") from e
                 if not line:
                     continue
                 try:
-                    ev = json.loads(line)
+                    ev = loads(line)
+                except RecursionError as e:
+                    raise TraceError(f"{where}: JSON nested too deeply") from e
                 except ValueError as e:
-                    raise TraceError(f"{self.events_path}:{n}: not JSON: {e}") from e
-                if isinstance(ev, dict) and "t" in ev and "kind" in ev:
-                    yield ev
+                    raise TraceError(f"{where}: not JSON: {str(e)[:200]}") from e
+                if not isinstance(ev, dict):
+                    raise TraceError(f"{where}: an event is a JSON object, not {_kind_of(ev)}")
+                t, kind = ev.get("t"), ev.get("kind")
+                if not _conforms(t, float) or float(t) < 0:  # type: ignore[arg-type]
+                    raise TraceError(f"{where}: 't' must be a finite number of seconds, not {_kind_of(t)} {str(t)[:40]}")
+                if not isinstance(kind, str):
+                    raise TraceError(f"{where}: 'kind' must be a string, not {_kind_of(kind)}")
+                if kind in _EVENT_REQUIRED:
+                    hints = {"gpu": _GPU_HINTS, "proc": _PROC_HINTS, "proc_info": _INFO_HINTS}.get(kind) \
+                        or _EVENT_HINTS[kind]
+                    _check_fields(ev, hints, _EVENT_REQUIRED[kind], f"{where} ({kind})")
+                    if kind == "gpu":
+                        procs = ev.get("procs")
+                        if procs is not None and not (isinstance(procs, list) and all(isinstance(p, dict) for p in procs)):
+                            raise TraceError(f"{where} (gpu): 'procs' must be a list of objects")
+                        for p in procs or []:
+                            _check_fields(p, _GPUPROC_HINTS, {"pid"}, f"{where} (gpu procs)")
+                yield ev
 
     def snapshots(self) -> Iterator[Snapshot]:
         cur: Snapshot | None = None
@@ -111,10 +308,14 @@ class TraceReader:
         if cur is not None:
             yield decode_evidence(cur)
 
+    def check(self) -> int:
+        """Read the whole trace once; returns the number of snapshots or raises TraceError."""
+        return sum(1 for _ in self.snapshots())
+
     # -- helpers
 
     def _file(self, rel: str | None) -> Path | None:
-        if not rel:
+        if not rel or not isinstance(rel, str) or "\0" in rel:
             return None
         p = (self.root / rel).resolve()
         # A trace is untrusted input: its events may only point inside the trace.
@@ -124,10 +325,13 @@ class TraceReader:
 
     def _read_bytes(self, rel: str | None) -> bytes | None:
         p = self._file(rel)
-        if p is None or not p.is_file():
+        try:
+            if p is None or not p.is_file():  # not a FIFO, device or directory
+                return None
+            with p.open("rb") as f:
+                return f.read(MAX_FILE_BYTES)
+        except OSError:
             return None
-        with p.open("rb") as f:
-            return f.read(MAX_FILE_BYTES)
 
     def _log_bytes(self, path: str) -> bytes | None:
         if path not in self._log_cache:
@@ -138,13 +342,13 @@ class TraceReader:
     def _add(self, snap: Snapshot, ev: dict[str, Any]) -> None:
         kind = ev["kind"]
         if kind == "gpu":
-            d = _pick(ev, _GPU_FIELDS)
+            d = _pick(ev, _GPU_HINTS)
             d["procs"] = [GpuProc(pid=int(p["pid"]), used=p.get("used")) for p in ev.get("procs") or []]
             snap.gpus.append(GpuSample(**d))
         elif kind == "proc":
-            snap.procs.append(ProcSample(**_pick(ev, _PROC_FIELDS)))
+            snap.procs.append(ProcSample(**_pick(ev, _PROC_HINTS)))
         elif kind == "proc_info":
-            info = ProcInfo(**_pick(ev, _INFO_FIELDS))
+            info = ProcInfo(**_pick(ev, _INFO_HINTS))
             # a replayed trace is a source like any other: secrets are dropped where data enters
             if isinstance(info.environ, dict):
                 info.environ = filter_environ({str(k): str(v) for k, v in info.environ.items()})
@@ -172,7 +376,10 @@ class TraceReader:
                 error=ev.get("error") if data is not None else (ev.get("error") or "file missing"),
             )
             if data is not None:
-                st.threads = parse_stack(raw, fmt)
+                try:
+                    st.threads = [_thread(th) for th in parse_stack(raw, fmt)]
+                except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:
+                    st.threads, st.error = [], f"unparseable stack dump: {str(e)[:100]}"
             snap.stacks.append(st)
         elif kind == "fr_dump":
             snap.fr_dumps.append(
@@ -203,9 +410,12 @@ class TraceWriter:
     def __init__(self, path: str | os.PathLike[str], meta: dict[str, Any] | None = None) -> None:
         self.root = Path(path)
         self.files = self.root / "files"
-        self.files.mkdir(parents=True, exist_ok=True)
+        try:
+            self.files.mkdir(parents=True, exist_ok=True)
+            self._out = (self.root / "trace.jsonl").open("w")
+        except OSError as e:
+            raise TraceError(f"{self.root}: cannot write a trace here: {e.strerror}") from e
         self.meta: dict[str, Any] = {"format": FORMAT, **(meta or {})}
-        self._out = (self.root / "trace.jsonl").open("w")
         self._n = 0
         self._t_start: float | None = None
         self._t_end: float | None = None
@@ -223,6 +433,12 @@ class TraceWriter:
         return rel
 
     def write(self, snap: Snapshot) -> None:
+        try:
+            self._write(snap)
+        except OSError as e:  # disk full, directory removed: the recording cannot go on
+            raise TraceError(f"{self.root}: writing the trace failed: {e.strerror}") from e
+
+    def _write(self, snap: Snapshot) -> None:
         t = round(snap.t, 3)
         if self._t_start is None:
             self._t_start = t

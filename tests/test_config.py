@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+import os
+import subprocess
+
 import pytest
 
 from hangd.config import DEFAULT_PORT, ConfigError, load_settings
 
-from .conftest import run_hangd
+from .conftest import ROOT, hangd_cmd, run_hangd
 
 
 def test_defaults_and_precedence(tmp_path):
@@ -54,3 +57,79 @@ def test_status_runs_here_without_gpus():
     import json
     doc = json.loads(run_hangd("status", "--json", "--seconds", "1").stdout)
     assert set(doc) >= {"gpus", "processes", "jobs", "unavailable"}
+
+
+@pytest.mark.parametrize("flags,env,msg", [
+    ({"interval": "nan"}, {}, "--interval"),
+    ({"interval": 1e-9}, {}, "--interval"),
+    ({"interval": "inf"}, {}, "--interval"),
+    ({}, {"HANGD_HANG_GPU_S": "nan"}, "HANGD_HANG_GPU_S"),
+    ({}, {"HANGD_HANG_HOST_S": "-3"}, "HANGD_HANG_HOST_S"),
+    ({}, {"HANGD_RETENTION_DAYS": "nan"}, "HANGD_RETENTION_DAYS"),
+    ({}, {"HANGD_LOG_LEVEL": "bogus"}, "HANGD_LOG_LEVEL"),
+    ({}, {"HANGD_TOKEN": "   "}, "HANGD_TOKEN"),
+    ({}, {"HANGD_PYSPY_TIMEOUT": "1e400"}, "HANGD_PYSPY_TIMEOUT"),
+])
+def test_every_setting_is_finite_and_in_range(flags, env, msg):
+    with pytest.raises(ConfigError, match=msg) as e:
+        load_settings(flags=flags, env=env)
+    assert "\n" not in str(e.value)
+
+
+def test_a_token_is_never_echoed_in_an_error():
+    with pytest.raises(ConfigError) as e:
+        load_settings(flags={}, env={"HANGD_TOKEN": " \t "})
+    assert "\t" not in str(e.value) and "value not shown" in str(e.value)
+
+
+def test_bad_files_are_one_line(tmp_path):
+    p = tmp_path / "x.toml"
+    p.write_text("interval = [1, 2]\n")
+    with pytest.raises(ConfigError, match="interval"):
+        load_settings(flags={}, env={}, config_path=str(p))
+    p.write_bytes(b'log_level = "\xff\xfe"\n')
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        load_settings(flags={}, env={}, config_path=str(p))
+    with pytest.raises(ConfigError, match="not a regular file"):
+        load_settings(flags={}, env={}, config_path=str(tmp_path))
+    tok = tmp_path / "token"
+    tok.write_text("  \n")
+    with pytest.raises(ConfigError, match="empty"):
+        load_settings(flags={"token_file": str(tok)}, env={}).resolved_token()
+
+
+def test_a_fifo_as_config_is_refused_not_waited_on(tmp_path):
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)
+    out = run_hangd("--config", str(fifo), "status", check=False, timeout=30)
+    assert out.returncode == 2 and "not a regular file" in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ["watch", "--interval", "nan"],
+    ["watch", "--interval", "1e-9"],
+    ["watch", "--interval", "inf"],
+    ["status", "--seconds", "-1"],
+    ["status", "--seconds", "nan"],
+    ["replay", "tests/data/traces/h200x2/idle_server", "--speed", "-2"],
+    ["record", "--out", "/proc/x", "--seconds", "0.2"],
+    ["db", "upgrade", "nosuchrev", "--db", "sqlite:///{tmp}/u.db"],
+    ["db", "downgrade", "nosuchrev", "--db", "sqlite:///{tmp}/d.db"],
+    ["serve", "--interval", "nan"],
+    ["serve", "--listen", "127.0.0.1:99999"],
+])
+def test_cli_refuses_bad_values_in_one_line(tmp_path, args):
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    out = run_hangd(*args, check=False, timeout=60)
+    assert out.returncode == 2, (args, out.returncode, out.stderr)
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+@pytest.mark.parametrize("env", [{"HANGD_HANG_GPU_S": "nan"}, {"HANGD_RETENTION_DAYS": "nan"},
+                                 {"HANGD_LOG_LEVEL": "bogus"}, {"HANGD_TOKEN": "  "}])
+def test_serve_refuses_bad_environment_in_one_line(tmp_path, env):
+    out = subprocess.run([*hangd_cmd(), "serve", "--db", f"sqlite:///{tmp_path / 'x.db'}"], cwd=ROOT,
+                         env=dict(os.environ, **env), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert next(iter(env)) in out.stderr

@@ -100,7 +100,10 @@ class Analyzer:
         return self.book.find(incident_id)
 
     def incidents(self, open_only: bool = False) -> list[Incident]:
-        return list(self.book.open.values()) if open_only else self.book.all
+        """Open ones (including those adopted from before a restart), or all still in memory."""
+        if open_only:
+            return [*self.book.open.values(), *(i for i in self.book.adopted.values() if i not in self.book.open.values())]
+        return self.book.all
 
     def ack(self, incident_id: int) -> Incident | None:
         return self.book.ack(incident_id)

@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from prometheus_client import Histogram
+from sqlalchemy.exc import SQLAlchemyError
 
 from hangd.analysis.engine import Analyzer, StateChange
 from hangd.config import Settings
@@ -48,11 +49,20 @@ class Daemon:
         self._last_retention = 0.0
         self._last_full_write = 0.0
         self.thread: threading.Thread | None = None
-        self.analyzer.adopt(self.store.open_incidents(), self.store.max_incident_id() + 1)
+        try:
+            self.analyzer.adopt(self.store.open_incidents(), self.store.max_incident_id() + 1)
+        except SQLAlchemyError as e:
+            # the database cannot even be read (a full disk leaves no room for SQLite's shared-memory
+            # file): serve anyway; number incidents from the clock so that they cannot take the ids
+            # of incidents already in the file when it comes back
+            self.analyzer.adopt([], int(time.time()))
+            log.error("store not readable at start: not adopting open incidents, numbering new ones from %d: %s",
+                      int(time.time()), str(e).splitlines()[0][:200])
 
     # ------------------------------------------------------------------ loop
 
     def start(self) -> None:
+        self.store.start_writer()
         self.thread = threading.Thread(target=self._run, name="hangd-loop", daemon=True)
         self.thread.start()
 
@@ -81,9 +91,9 @@ class Daemon:
                 self.tick_failures += 1
                 log.exception("replay tick failed")
         self.replay_done = True
-        while not self.stop.wait(1.0):  # keep catching up if the store could not take everything
-            if self.store.pending:
-                self.store.submit_flush()
+        while not self.stop.wait(1.0):  # the store's writer catches up; a recreated file gets the open incidents
+            if self.store.needs_rewrite:
+                self.store.submit(self._rewrite_batch(self.last_snapshot_t or time.time()))
 
     def _record_tick(self, dt: float) -> None:
         self.tick_histogram.observe(dt)
@@ -98,12 +108,13 @@ class Daemon:
         if self.loop is not None and self.loop.tick_seconds:
             self.tick_histogram.observe(self.loop.tick_seconds[-1])
             self.tick_seconds = self.loop.tick_seconds
+        rewrite = self.store.needs_rewrite
         with self.lock:
             self._resolve_stale_adopted(snap.t, now)
             incidents = incidents + self.analyzer.drain()
-            batch = Batch(t=snap.t, incidents=[i.to_dict() for i in incidents],
-                          changes=[{k: v for k, v in c.to_dict().items() if k != "evidence"} for c in changes])
-            if now - self._last_full_write >= 10 or changes:
+            batch = self._rewrite_batch(snap.t, incidents) if rewrite else Batch(t=snap.t, incidents=[i.to_dict() for i in incidents])
+            batch.changes = [{k: v for k, v in c.to_dict().items() if k != "evidence"} for c in changes]
+            if now - self._last_full_write >= 10 or changes or rewrite:
                 self._last_full_write = now
                 batch.processes = self.analyzer.processes()
                 batch.jobs = self.analyzer.jobs()
@@ -115,6 +126,15 @@ class Daemon:
         if now - self._last_retention >= RETENTION_EVERY_S:
             self._last_retention = now
             self.store.retention(self.settings.retention_days)
+
+    def _rewrite_batch(self, t: float, changed: list[Incident] | None = None) -> Batch:
+        """After the database file was recreated: every incident still open (and those that just
+        changed), the processes and the jobs, so the new file tells the current story."""
+        self.store.needs_rewrite = False
+        with self.lock:
+            incs = {i.id: i for i in [*self.analyzer.incidents(open_only=True), *(changed or [])]}
+            return Batch(t=t, incidents=[i.to_dict() for i in incs.values()],
+                         processes=self.analyzer.processes(), jobs=self.analyzer.jobs())
 
     def _resolve_stale_adopted(self, t: float, now: float) -> None:
         if not self.analyzer.has_adopted() or now - self.started_at < ADOPT_GRACE_S:
@@ -147,6 +167,8 @@ class Daemon:
         """Ready once the loop has sampled (or the replay ran); a degraded store still serves."""
         store = "" if self.store.healthy else \
             f"; store degraded: {self.store.last_error} ({len(self.store.pending)} batches queued)"
+        if self.store.recreated:
+            store += f"; database file was removed or replaced {self.store.recreated} time(s) and recreated"
         if self.replay_done:
             return True, "replay finished" + store
         if self.thread is None or not self.thread.is_alive():

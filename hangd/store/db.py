@@ -3,11 +3,17 @@
 SQLite by default (WAL, busy timeout); any SQLAlchemy URL works (PostgreSQL is tested). Writes
 come from the loop thread in batches; a batch that fails (database locked, disk full, read-only)
 stays queued, bounded, and is retried on the next tick, so hangd keeps diagnosing and serving
-and catches up when the database comes back.
+and catches up when the database comes back. While batches are queued, reads overlay the queued
+incidents (and acknowledgements) on the database's rows, so every endpoint tells the same story.
+
+One hangd writes one database: ``hangd serve`` takes an exclusive lock (a ``flock`` on
+``<db>.lock`` for SQLite, a session advisory lock for PostgreSQL) and a second one refuses to
+start instead of overwriting the first one's incidents (both number incidents from the same max).
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import socket
@@ -18,16 +24,37 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, Engine, create_engine, delete, event, func, select
+from sqlalchemy import CursorResult, Engine, create_engine, delete, event, func, select, text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, defer, sessionmaker
+from sqlalchemy.pool import NullPool
 
 from hangd.incidents import FAMILY
 from hangd.store import models as m
 
 log = logging.getLogger("hangd.store")
-MIGRATIONS = Path(__file__).resolve().parent.parent.parent / "migrations"
+MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 MAX_PENDING = 20_000
+FILE_CHECK_EVERY_S = 2.0
+# pg_try_advisory_lock key: "hangd" as an integer; one per database
+PG_LOCK_KEY = int.from_bytes(b"hangd", "big")
+LIST_FIELDS = ("evidence", "findings", "timeline")
+
+
+class _StartError(Exception):
+    pass
+
+
+class StoreInUse(Exception):
+    """Another hangd already writes this database: says which one."""
+
+
+def sqlite_path(url: str) -> str | None:
+    """The file of a SQLite URL; None for other databases and in-memory SQLite."""
+    if not url.startswith("sqlite:///"):
+        return None
+    path = url[len("sqlite:///"):].split("?", 1)[0]
+    return None if not path or path == ":memory:" else os.path.expanduser(path)
 
 
 def make_engine(url: str) -> Engine:
@@ -47,24 +74,32 @@ def make_engine(url: str) -> Engine:
     return eng
 
 
+class MigrationError(Exception):
+    """A migration that cannot run (unknown revision, ...): one line for the operator."""
+
+
 def _alembic(url: str, action: str, revision: str) -> None:
     from alembic import command
     from alembic.config import Config
+    from alembic.util.exc import CommandError
 
     eng = make_engine(url)
     cfg = Config()
+    # the migrations ship inside the package, so an installed hangd (pip install .) has them too
     cfg.set_main_option("script_location", str(MIGRATIONS))
     cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
-    with eng.begin() as conn:
-        cfg.attributes["connection"] = conn
-        getattr(command, action)(cfg, revision)
+    try:
+        with eng.begin() as conn:
+            cfg.attributes["connection"] = conn
+            getattr(command, action)(cfg, revision)
+    except CommandError as e:
+        raise MigrationError(f"{action} to {revision!r}: {str(e).splitlines()[0]}") from e
+    finally:
+        eng.dispose()
 
 
 def upgrade(url: str, revision: str = "head") -> None:
     """Apply the Alembic migrations (``hangd db upgrade``; also done at every start)."""
-    if not MIGRATIONS.is_dir():  # installed without the source tree: create the tables as the head has them
-        m.Base.metadata.create_all(make_engine(url))
-        return
     _alembic(url, "upgrade", revision)
 
 
@@ -92,13 +127,99 @@ class Batch:
     processes: list[dict[str, Any]] | None = None
     jobs: list[dict[str, Any]] | None = None
     gpus: list[dict[str, Any]] | None = None
+    seq: int = 0  # set when queued
+
+
+class _Lock:
+    """The one-writer lock of a database, held for the life of the process."""
+
+    def __init__(self, url: str, hostname: str) -> None:
+        self.url = url
+        self.fd: int | None = None
+        self.conn: Any = None
+        self.engine: Engine | None = None
+        who = f"pid {os.getpid()} on {hostname}"
+        path = sqlite_path(url)
+        if path is not None:
+            lock_path = path + ".lock"
+            Path(lock_path).parent.mkdir(parents=True, exist_ok=True)
+            try:
+                fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            except OSError as e:  # a full or read-only disk: the store will say so; serve anyway
+                log.warning("cannot create the lock file %s (%s): not guarding against a second hangd", lock_path,
+                            e.strerror)
+                return
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+                os.close(fd)
+                raise StoreInUse(f"db {path}: already in use by another hangd ({holder}); stop it, or give this one "
+                                 "its own --db") from None
+            self.fd = fd
+            try:  # who holds it, for the error the next one prints; best effort on a full disk
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{who}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
+            except OSError:
+                pass
+        elif url.startswith("postgresql"):
+            self.engine = create_engine(url, poolclass=NullPool,
+                                        connect_args={"application_name": f"hangd {who}"[:63]})
+            self.conn = self.engine.connect()
+            got = self.conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": PG_LOCK_KEY}).scalar()
+            self.conn.commit()
+            if not got:
+                holder = self.conn.execute(text(
+                    "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+                    "WHERE l.locktype = 'advisory' AND l.granted AND a.application_name LIKE 'hangd%' LIMIT 1")).scalar()
+                self.close()
+                db = url.rsplit("/", 1)[-1].split("?", 1)[0]
+                raise StoreInUse(f"db {db}: already in use by another hangd ({holder or 'unknown'}); stop it, or give "
+                                 "this node its own database")
+
+    def alive(self) -> bool:
+        """For PostgreSQL: whether the session that holds the lock is still there."""
+        if self.conn is None:
+            return True
+        try:
+            self.conn.execute(text("SELECT 1")).scalar()
+            self.conn.commit()
+            return True
+        except SQLAlchemyError:
+            return False
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        if self.conn is not None:
+            try:
+                self.conn.close()
+            except SQLAlchemyError:
+                pass
+            self.conn = None
+        if self.engine is not None:
+            self.engine.dispose()
+            self.engine = None
 
 
 class Store:
-    def __init__(self, url: str, hostname: str | None = None, migrate: bool = True) -> None:
+    def __init__(self, url: str, hostname: str | None = None, migrate: bool = True, exclusive: bool = False) -> None:
+        """``exclusive``: take the database's one-writer lock (``hangd serve``), or raise StoreInUse."""
         self.url = url
-        if migrate:
-            upgrade(url)
+        self.lock: _Lock | None = _Lock(url, hostname or socket.gethostname()) if exclusive else None
+        self._migrated = not migrate
+        self._start_error: str | None = None
+        try:
+            if migrate:
+                upgrade(url)
+                self._migrated = True
+        except SQLAlchemyError as e:  # a full disk or a locked file at start: serve anyway, migrate later
+            self._start_error = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        except BaseException:
+            self.close()
+            raise
+        self.path = sqlite_path(url)
         self.engine = make_engine(url)
         self.Session = sessionmaker(self.engine, expire_on_commit=False)
         self.hostname = hostname or socket.gethostname()
@@ -111,11 +232,82 @@ class Store:
         self._last_log = 0.0
         self._gpu_acc: dict[tuple[int, int], list[tuple[float | None, float | None, float | None, float | None]]] = {}
         self.node_id: int = 0
+        # queued but not yet written: incident id -> (seq of its newest batch, its dict); acks likewise
+        self._overlay_lock = threading.Lock()
+        self._unwritten: dict[int, tuple[int, dict[str, Any]]] = {}
+        self._acks: dict[int, float] = {}
+        self._seq = 0
+        # the database file as opened: (st_dev, st_ino); a file removed or replaced under hangd is noticed
+        self._ident = self._file_ident()
+        self._last_file_check = time.monotonic()
+        self.recreated = 0
+        self._writer: threading.Thread | None = None
+        self._wake = threading.Event()
+        self._writer_stop = threading.Event()
+        self.needs_rewrite = False  # the database was recreated: the daemon writes its open incidents again
         try:
+            if self._start_error is not None:
+                raise _StartError(self._start_error)
             self.node_id = self._node()
-        except SQLAlchemyError as e:  # a full disk or a locked file at start: serve anyway, write later
-            self.healthy, self.last_error = False, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        except (SQLAlchemyError, _StartError) as e:  # a full disk or a locked file at start: serve anyway, write later
+            self.healthy = False
+            self.last_error = self._start_error or f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
             log.error("store not writable at start (will retry): %s", self.last_error)
+
+    def close(self) -> None:
+        """Release the database lock (and the connections)."""
+        self.stop_writer()
+        if getattr(self, "engine", None) is not None:
+            self.engine.dispose()
+        if self.lock is not None:
+            self.lock.close()
+            self.lock = None
+
+    # ------------------------------------------------------------------ the file under us
+
+    def _file_ident(self) -> tuple[int, int] | None:
+        if self.path is None:
+            return None
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino
+
+    def check_file(self, force: bool = False) -> None:
+        """Notice a SQLite file removed or replaced while hangd runs (``rm hangd.db``: the open
+        connections would go on writing into the unlinked inode and every write would be lost),
+        then start a new file; the daemon rewrites the open incidents into it. Never raises."""
+        if self.path is None or (not force and time.monotonic() - self._last_file_check < FILE_CHECK_EVERY_S):
+            return
+        self._last_file_check = time.monotonic()
+        if self._file_ident() == self._ident and self._ident is not None:
+            return
+        with self._lock:
+            gone = not os.path.exists(self.path)
+            why = "removed" if gone else "replaced by another file"
+            try:
+                self.engine.dispose()  # drop the connections to the old inode
+                if gone:  # a WAL left from the old file must not be replayed into the new one
+                    for suffix in ("-wal", "-shm"):
+                        if os.path.exists(self.path + suffix):
+                            os.unlink(self.path + suffix)
+                upgrade(self.url)
+                self._ident = self._file_ident()
+                self.node_id = self._node()
+            except (SQLAlchemyError, OSError) as e:
+                self.healthy = False
+                self.write_failures_total += 1
+                self.last_error = f"database file {self.path} was {why} and cannot be recreated: " \
+                                  f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+                if time.time() - self._last_log > 60:
+                    self._last_log = time.time()
+                    log.error("%s", self.last_error)
+                return
+            self.recreated += 1
+            self.needs_rewrite = True
+            log.error("database file %s was %s while hangd ran; created a new one (the history before now is not "
+                      "in it) and writing the open incidents into it again", self.path, why)
 
     def _node(self) -> int:
         now = time.time()
@@ -130,13 +322,59 @@ class Store:
     # ------------------------------------------------------------------ writing
 
     def submit(self, batch: Batch) -> None:
-        """Queue a batch and try to write everything queued. Never raises."""
+        """Queue a batch. With the writer thread running it is written there, so a locked or slow
+        database never stalls the sampling loop; without it, it is written now. Never raises."""
+        with self._overlay_lock:
+            self._seq += 1
+            batch.seq = self._seq
+            for d in batch.incidents:
+                self._unwritten[d["id"]] = (batch.seq, d)
+        self.pending.append(batch)
+        if self._writer is not None:
+            self._wake.set()
+            return
+        self.check_file()
         with self._lock:
-            self.pending.append(batch)
-            while len(self.pending) > MAX_PENDING:
-                self.pending.popleft()
-                self.dropped += 1
             self._flush()
+
+    def start_writer(self) -> None:
+        """Write queued batches from a thread of the store's own (``hangd serve``)."""
+        if self._writer is None:
+            self._writer = threading.Thread(target=self._write_loop, name="hangd-store", daemon=True)
+            self._writer.start()
+
+    def stop_writer(self, timeout: float = 10.0) -> None:
+        if getattr(self, "_writer", None) is not None:
+            assert self._writer is not None
+            self._writer_stop.set()
+            self._wake.set()
+            self._writer.join(timeout)
+            self._writer = None
+
+    def _write_loop(self) -> None:
+        while not self._writer_stop.is_set():
+            self._wake.wait(1.0)
+            self._wake.clear()
+            self.maintain()
+            if self.pending and not self.healthy:
+                self._writer_stop.wait(1.0)  # the database refuses: retry once a second, not in a spin
+
+    def maintain(self) -> None:
+        """The file check, the lock, and the queued writes; called by the writer (or the loop)."""
+        self.check_file()
+        if self.lock is not None and not self.lock.alive():
+            self.healthy, self.last_error = False, "lost the connection that holds the database lock"
+        if self.pending or self._acks:
+            with self._lock:
+                self._flush()
+
+    def _forget(self, b: Batch) -> None:
+        """Drop a written (or dropped) batch's incidents from the overlay, unless a newer batch has them."""
+        with self._overlay_lock:
+            for d in b.incidents:
+                cur = self._unwritten.get(d["id"])
+                if cur is not None and cur[0] <= b.seq:
+                    del self._unwritten[d["id"]]
 
     def submit_flush(self) -> None:
         with self._lock:
@@ -144,26 +382,50 @@ class Store:
         if self.pending:
             time.sleep(0.2)
 
+    def _failed(self, e: Exception) -> None:
+        self.healthy = False
+        self.write_failures_total += 1
+        self.last_error = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        if time.time() - self._last_log > 60:
+            self._last_log = time.time()
+            log.error("store write failed (%d batches queued, will retry): %s", len(self.pending), self.last_error)
+
     def _flush(self) -> None:
+        while len(self.pending) > MAX_PENDING:  # bounded: the oldest go first
+            self._forget(self.pending.popleft())
+            self.dropped += 1
         while self.pending:
             b = self.pending[0]
             try:
+                if not self._migrated:
+                    upgrade(self.url)
+                    self._migrated = True
                 if not self.node_id:
                     self.node_id = self._node()
                 with self.Session.begin() as s:
                     self._write(s, b)
             except (SQLAlchemyError, OSError) as e:
-                self.healthy = False
-                self.write_failures_total += 1
-                self.last_error = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
-                if time.time() - self._last_log > 60:
-                    self._last_log = time.time()
-                    log.error("store write failed (%d batches queued, will retry): %s", len(self.pending), self.last_error)
+                self._failed(e)
                 return
-            self.pending.popleft()
+            self._forget(self.pending.popleft())
             if not self.healthy:
-                log.warning("store writes work again; caught up")
+                log.warning("store writes work again; catching up (%d batches queued)", len(self.pending))
             self.healthy, self.last_error = True, None
+        self._flush_acks()
+
+    def _flush_acks(self) -> None:
+        with self._overlay_lock:
+            acks = dict(self._acks)
+        for iid, t in acks.items():
+            try:
+                with self.Session.begin() as s:
+                    found = self._ack_row(s, iid, t) is not None
+            except (SQLAlchemyError, OSError) as e:
+                self._failed(e)
+                return
+            with self._overlay_lock:
+                if found or iid not in self._unwritten:  # an ack of an incident still queued waits for its row
+                    self._acks.pop(iid, None)
 
     def _write(self, s: Session, b: Batch) -> None:
         self._write_incidents(s, b)
@@ -191,6 +453,7 @@ class Store:
                 setattr(inc, k, d.get(k))
             inc.family = FAMILY.get(d["kind"], d["kind"])
             inc.status = "open" if d.get("resolved_at") is None else "resolved"
+            inc.acked = bool(inc.acked) or bool(d.get("acked"))  # an acknowledgement is never taken back
 
     def _write_processes(self, s: Session, procs: list[dict[str, Any]], t: float) -> None:
         for p in procs:
@@ -265,6 +528,23 @@ class Store:
         with self.Session() as s:
             return int(s.scalar(select(func.max(m.Incident.id))) or 0)
 
+    def _overlay(self) -> dict[int, dict[str, Any]]:
+        """The queued incidents as the API shows them (status from resolved_at, acks applied)."""
+        with self._overlay_lock:
+            if not self._unwritten and not self._acks:
+                return {}
+            items = [(iid, dict(d)) for iid, (_, d) in self._unwritten.items()]
+            acks = dict(self._acks)
+        out = {}
+        for iid, d in items:
+            d["status"] = "open" if d.get("resolved_at") is None else "resolved"
+            if iid in acks:
+                d["acked"] = True
+                d["timeline"] = [*(d.get("timeline") or []), {"t": round(acks[iid], 3), "event": "acked"}]
+            d.setdefault("acked", False)
+            out[iid] = d
+        return out
+
     def list_incidents(self, status: str | None = None, kind: str | None = None, job: str | None = None,
                        since: float | None = None, limit: int = 50, offset: int = 0) -> tuple[int, list[dict[str, Any]]]:
         q = select(m.Incident)
@@ -276,27 +556,72 @@ class Store:
             q = q.where(m.Incident.job == job)
         if since is not None:
             q = q.where(m.Incident.opened_at >= since)
+        overlay = self._overlay()
+        queued = [{k: v for k, v in d.items() if k not in LIST_FIELDS} for d in overlay.values()
+                  if (not status or d["status"] == status) and (not kind or d.get("kind") == kind)
+                  and (not job or d.get("job") == job) and (since is None or (d.get("opened_at") or 0) >= since)]
+        if overlay:  # the rows of queued incidents are older than the queue: show the queue's
+            q = q.where(m.Incident.id.not_in(list(overlay)))
         with self.Session() as s:
             total = int(s.scalar(select(func.count()).select_from(q.subquery())) or 0)
             # a list shows summaries: leave the (large) evidence, findings and timeline in the table
             q = q.options(defer(m.Incident.evidence), defer(m.Incident.findings), defer(m.Incident.timeline))
-            rows = s.scalars(q.order_by(m.Incident.opened_at.desc(), m.Incident.id.desc()).limit(limit).offset(offset))
-            return total, [incident_row_to_dict(r, with_evidence=False) for r in rows]
+            q = q.order_by(m.Incident.opened_at.desc(), m.Incident.id.desc())
+            if not queued:
+                rows = s.scalars(q.limit(limit).offset(offset))
+                return total, [self._acked(incident_row_to_dict(r, with_evidence=False), overlay) for r in rows]
+            rows = s.scalars(q.limit(offset + limit))
+            merged = [self._acked(incident_row_to_dict(r, with_evidence=False), overlay) for r in rows] + queued
+        merged.sort(key=lambda d: (d.get("opened_at") or 0, d["id"]), reverse=True)
+        return total + len(queued), merged[offset:offset + limit]
+
+    def _acked(self, d: dict[str, Any], overlay: dict[int, dict[str, Any]]) -> dict[str, Any]:
+        with self._overlay_lock:
+            t = self._acks.get(d["id"])
+        if t is not None and not d.get("acked"):
+            d["acked"] = True
+            if "timeline" in d:
+                d["timeline"] = [*(d["timeline"] or []), {"t": round(t, 3), "event": "acked"}]
+        return d
 
     def get_incident(self, iid: int) -> dict[str, Any] | None:
+        overlay = self._overlay()
+        if iid in overlay:
+            return overlay[iid]
         with self.Session() as s:
             r = s.get(m.Incident, iid)
-            return incident_row_to_dict(r) if r is not None else None
+            return self._acked(incident_row_to_dict(r), overlay) if r is not None else None
 
-    def ack(self, iid: int, t: float | None = None) -> dict[str, Any] | None:
-        t = t or time.time()
-        with self.Session.begin() as s:
-            r = s.get(m.Incident, iid)
-            if r is None:
-                return None
+    def _ack_row(self, s: Session, iid: int, t: float) -> dict[str, Any] | None:
+        r = s.get(m.Incident, iid)
+        if r is None:
+            return None
+        if not r.acked:
             r.acked, r.acked_at = True, t
             r.timeline = [*(r.timeline or []), {"t": round(t, 3), "event": "acked"}]
-            return incident_row_to_dict(r)
+        return incident_row_to_dict(r)
+
+    def ack(self, iid: int, t: float | None = None) -> dict[str, Any] | None:
+        """Acknowledge an incident; None when there is no such incident. While the store is degraded
+        (or the incident is still queued) the ack is queued too and shows at once in every read."""
+        t = t or time.time()
+        with self._overlay_lock:
+            queued = iid in self._unwritten
+        if not queued and self.healthy:
+            try:
+                with self.Session.begin() as s:
+                    return self._ack_row(s, iid, t)
+            except (SQLAlchemyError, OSError) as e:
+                log.warning("ack of incident %d queued: %s", iid, str(e).splitlines()[0][:200])
+        try:
+            exists = self.get_incident(iid) is not None
+        except SQLAlchemyError:
+            exists = queued
+        if not exists:
+            return None
+        with self._overlay_lock:
+            self._acks.setdefault(iid, t)
+        return self.get_incident(iid)
 
     def timeline(self, pid: int | None = None, since: float | None = None, limit: int = 500) -> list[dict[str, Any]]:
         q = select(m.StateChange)
