@@ -47,6 +47,10 @@ class Settings:
     hang_gpu_s: float = 10.0
     hang_host_s: float = 12.0
     hang_io_s: float = 30.0
+    # /metrics cardinality: a process that exited keeps its series this long, then they go; at most
+    # this many processes are exported (the rest are counted in hangd_series_dropped_total)
+    metrics_gone_after_s: float = 300.0
+    metrics_max_processes: int = 1000
 
     def host_port(self) -> tuple[str, int]:
         host, sep, port = self.listen.rpartition(":")
@@ -74,6 +78,11 @@ def _coerce(name: str, typ: Any, value: Any) -> Any:
         return None
     t = str(typ)
     try:
+        if t == "int":
+            n = int(value)
+            if n < 0:
+                raise ValueError("must not be negative")
+            return n
         if "float" in t:
             v = float(value)
             if v < 0:
