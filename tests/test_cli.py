@@ -239,3 +239,55 @@ def test_command_shows_the_script_or_module_not_the_interpreter(cmdline, shown):
 def test_ago_reads_well():
     assert [ago(100 - d, 100) for d in (0, 41, 150, 7300)] == ["0 s ago", "41 s ago", "2 min ago", "2 h 1 min ago"]
     assert ago(None, 1) == "-"
+
+
+# ------------------------------------------------------------------------------------- README
+
+
+def _readme_block(after: str) -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    i = text.index(after)
+    start = text.index("```\n", i) + 4
+    return text[start: text.index("```", start)].splitlines()
+
+
+@pytest.mark.parametrize("intro,args", [
+    ("`hangd replay tests/data/traces/h200x2/nccl_stall` (", ["replay", str(TRACES / "nccl_stall")]),
+    ("`hangd fr analyze tests/data/traces/h200x2/nccl_stall/files` (", ["fr", "analyze", str(NCCL_DUMPS)]),
+])
+def test_readme_excerpts_are_what_the_commands_print(intro, args):
+    """The README shows real output: every line of its excerpt (up to a "[...]") is printed so."""
+    out = hangd(*args, env=dict(os.environ, TZ="UTC")).stdout.replace(str(ROOT) + "/", "")
+    for line in _readme_block(intro):
+        assert line.split("[...]")[0].rstrip() in out, line
+
+
+def test_watch_lines_for_a_replayed_hang_show_times_and_the_next_step():
+    import io
+
+    from hangd.analysis.engine import Analyzer
+    from hangd.trace import TraceReader
+    from hangd.watch import Watcher
+
+    for as_json in (False, True):
+        out, warned = io.StringIO(), []
+        w = Watcher(json_lines=as_json, out=out, warn=warned.append)
+        an = Analyzer()
+        for snap in TraceReader(TRACES / "nccl_stall").snapshots():
+            changes = an.feed(snap)
+            an.take_requests()
+            w.emit(snap, changes, an.book.drain())
+        text = out.getvalue()
+        assert not warned, "the recorded node saw its GPUs"
+        if as_json:
+            docs = [json.loads(line) for line in text.splitlines()]
+            inc = next(d for d in docs if d["type"] == "incident")
+            assert isinstance(inc["opened_at"], float) and inc["opened_at_iso"].startswith(iso_local(inc["opened_at"])[:19])
+            assert all("t_iso" in d for d in docs if d["type"] == "state")
+            continue
+        lines = text.splitlines()
+        i = next(n for n, line in enumerate(lines) if "INCIDENT #1 nccl_stall open" in line)
+        assert re.match(rf"{ISO} INCIDENT #1 nccl_stall open job rdzv:127.0.0.1:29601: opened {ISO} \(\d+ s ago\), "
+                        r"culprit ranks \[1\]", lines[i]), lines[i]
+        assert lines[i + 2].startswith("    next step: Look at what the culprit rank is doing")
+        assert re.match(rf"{ISO} pid 1411 rank 0 job rdzv:127.0.0.1:29601 -> hung: ", next(x for x in lines if "-> hung" in x))
