@@ -46,6 +46,7 @@ bench: $(VENV)/.test-installed
 	$(BIN)/python -m benchmarks.replay
 	$(BIN)/python -m benchmarks.overhead
 	$(BIN)/python -m benchmarks.api
+	$(BIN)/python -m benchmarks.procread
 
 # Install as a systemd service (run as root): a venv in $(PREFIX), the unit, an env file example.
 PREFIX ?= /opt/hangd

@@ -11,7 +11,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 SEL = 'instance=~"$node"'
-JSEL = 'instance=~"$node", job=~"$job"'
+JSEL = 'instance=~"$node", hangd_job=~"$job"'
 
 
 def templating(with_job: bool) -> dict[str, Any]:
@@ -26,8 +26,8 @@ def templating(with_job: bool) -> dict[str, Any]:
     ]
     if with_job:
         lst.append({"name": "job", "label": "Job", "type": "query", "datasource": ds,
-                    "query": {"query": 'label_values(hangd_job_state{instance=~"$node"}, job)', "refId": "job"},
-                    "definition": 'label_values(hangd_job_state{instance=~"$node"}, job)', "refresh": 2,
+                    "query": {"query": 'label_values(hangd_job_state{instance=~"$node"}, hangd_job)', "refId": "job"},
+                    "definition": 'label_values(hangd_job_state{instance=~"$node"}, hangd_job)', "refresh": 2,
                     "includeAll": True, "multi": True, "allValue": ".+", "current": {}})
     return {"list": lst}
 
@@ -39,15 +39,16 @@ class Board:
         self.x = 0
         self.row_h = 0
 
-    def add(self, ptype: str, title: str, targets: list[tuple[str, str]], w: int = 12, h: int = 8,
-            description: str = "", unit: str | None = None, options: dict[str, Any] | None = None,
+    def add(self, ptype: str, title: str, targets: list[tuple[str, str]], *, unit: str, description: str,
+            w: int = 12, h: int = 8, options: dict[str, Any] | None = None,
             overrides: list[dict[str, Any]] | None = None, instant: bool = False) -> None:
+        """One panel. ``unit`` (a Grafana unit id, "none" for a plain count) and ``description`` (what
+        the panel tells a person on call) are required: a number without either is a guess."""
+        assert unit and description, f"panel {title!r} needs a unit and a description"
         if self.x + w > 24:
             self.x, self.y = 0, self.y + self.row_h
             self.row_h = 0
-        defaults: dict[str, Any] = {}
-        if unit:
-            defaults["unit"] = unit
+        defaults: dict[str, Any] = {"unit": unit}
         panel = {
             "id": len(self.panels) + 1, "type": ptype, "title": title, "description": description,
             "datasource": {"type": "prometheus", "uid": "${datasource}"},
@@ -81,8 +82,9 @@ STATE_COLORS = {"starting": "blue", "loading": "purple", "compiling": "orange", 
 def node_view() -> dict[str, Any]:
     b = Board()
     b.add("state-timeline", "What every rank is doing",
-          [(f"max by (job, rank, state) (hangd_process_state{{{JSEL}}} == 1)", "{{job}} rank {{rank}}: {{state}}")],
-          w=24, h=10, description="One row per rank and state: the bar shows when the rank was in it.",
+          [(f"max by (hangd_job, rank, state) (hangd_process_state{{{JSEL}}} == 1)", "{{hangd_job}} rank {{rank}}: {{state}}")],
+          w=24, h=10, unit="none", description="One row per rank and state: the bar shows when the rank was in it. "
+                                               "hung and orphaned need a person; see the operator guide's states table.",
           options={"mergeValues": True, "showValue": "never", "rowHeight": 0.8})
     b.add("timeseries", "GPU utilization vs SM activity",
           [(f"hangd_gpu_utilization_ratio{{{SEL}}}", "util gpu {{gpu}}"),
@@ -93,15 +95,22 @@ def node_view() -> dict[str, Any]:
     b.add("timeseries", "GPU power", [(f"hangd_gpu_power_watts{{{SEL}}}", "gpu {{gpu}}")], unit="watt",
           description="A spinning collective draws idle power (~120 W on an H200) at 100% utilization.")
     b.add("timeseries", "Spinning (utilization without SM work)",
-          [(f"hangd:gpu_spinning:ratio{{{SEL}}}", "gpu {{gpu}}")], unit="percentunit")
-    b.add("timeseries", "NVLink traffic", [(f"hangd_gpu_nvlink_bytes_per_second{{{SEL}}}", "gpu {{gpu}}")], unit="Bps")
+          [(f"hangd:gpu_spinning:ratio{{{SEL}}}", "gpu {{gpu}}")], unit="percentunit",
+          description="Utilization minus SM activity: high for long means a kernel waits on a peer (a collective "
+                      "spinning), not work.")
+    b.add("timeseries", "NVLink traffic", [(f"hangd_gpu_nvlink_bytes_per_second{{{SEL}}}", "gpu {{gpu}}")], unit="Bps",
+          description="NVLink bytes per second, sent and received: collectives that move data; flat at 0 during a "
+                      "GPU-side hang.")
     b.add("timeseries", "Seconds since each rank last progressed",
-          [(f"time() - hangd_last_progress_timestamp_seconds{{{JSEL}}}", "{{job}} rank {{rank}}")], unit="s")
+          [(f"time() - hangd_last_progress_timestamp_seconds{{{JSEL}}}", "{{hangd_job}} rank {{rank}}")], unit="s",
+          description="Seconds since each rank last showed work done (output, I/O, memory, GPU work, collectives "
+                      "advancing). All ranks of a job climbing together past 10 s is a hang.")
     b.add("timeseries", "GPU memory used", [(f"hangd_gpu_memory_used_bytes{{{SEL}}}", "gpu {{gpu}}"),
-                                            (f"hangd_process_gpu_memory_bytes{{{JSEL}}}", "{{job}} rank {{rank}}")],
-          unit="bytes")
+                                            (f"hangd_process_gpu_memory_bytes{{{JSEL}}}", "{{hangd_job}} rank {{rank}}")],
+          unit="bytes", description="GPU memory per GPU and per rank: steps up while loading or capturing graphs; "
+                                    "held memory with no live rank is orphaned.")
     b.add("stat", "Jobs by state", [(f"sum by (state) (hangd_job_state{{{JSEL}}} == 1)", "{{state}}")], w=24, h=4,
-          instant=True)
+          instant=True, unit="none", description="How many distributed jobs are in each state now.")
     return dashboard("hangd-node", "hangd / node: what is every GPU doing", b, True,
                      "States per rank, GPU readings that tell work from spinning, progress per rank.")
 
@@ -109,37 +118,52 @@ def node_view() -> dict[str, Any]:
 def incidents_view() -> dict[str, Any]:
     b = Board()
     b.add("stat", "Open incidents", [(f"sum by (kind) (hangd_incidents_open{{{SEL}}})", "{{kind}}")], w=24, h=4,
-          instant=True)
+          instant=True, unit="none", description="Incidents open now, by kind. Each is explained at /incidents/{id} "
+                                                 "on its node.")
     b.add("table", "Open incidents (click to open in hangd)",
           [(f"hangd_incident_opened_timestamp_seconds{{{SEL}}} * 1000", "")], w=24, h=8, instant=True,
           overrides=[{"matcher": {"id": "byName", "options": "id"},
                       "properties": [{"id": "links", "value": [{"title": "incident",
                                                                  "url": "http://${__data.fields.instance}/incidents/${__value.raw}"}]}]}],
-          unit="dateTimeAsIso")
+          unit="dateTimeAsIso", description="When each open incident opened; the id links to the incident on its "
+                                            "node (summary, culprit rank, next step, evidence).")
     b.add("timeseries", "Incidents opened", [(f"sum by (kind) (increase(hangd_incidents_total{{{SEL}}}[$__rate_interval]))",
-                                              "{{kind}}")])
-    b.add("timeseries", "Time to detect", [(f"hangd_incident_detection_seconds{{{SEL}}}", "#{{id}} {{kind}} {{job}}")],
+                                              "{{kind}}")], unit="none",
+          description="Incidents opened per interval, by kind.")
+    b.add("timeseries", "Time to detect", [(f"hangd_incident_detection_seconds{{{SEL}}}", "#{{id}} {{kind}} {{hangd_job}}")],
           unit="s", description="Seconds from the job's last progress to the incident opening.")
-    b.add("timeseries", "Hung jobs", [(f'hangd_job_state{{{SEL}, state="hung"}} == 1', "{{job}}")], w=24)
+    b.add("timeseries", "Hung jobs", [(f'hangd_job_state{{{SEL}, state="hung"}} == 1', "{{hangd_job}}")], w=24,
+          unit="bool_on_off", description="Jobs judged hung: no rank progresses and some rank is positively stuck.")
     return dashboard("hangd-incidents", "hangd / incidents", b, False, "Open and recent incidents, time to detect.")
 
 
 def self_view() -> dict[str, Any]:
     b = Board()
-    b.add("timeseries", "Sources reading (1) or failing (0)", [(f"hangd_collector_success{{{SEL}}}", "{{instance}} {{collector}}")])
+    b.add("timeseries", "Sources reading (1) or failing (0)", [(f"hangd_collector_success{{{SEL}}}", "{{instance}} {{collector}}")],
+          unit="bool_yes_no", description="Whether each source (nvml, proc, output, flight, stacks, store) read on the "
+                                          "last tick. nvml at 0: GPUs cannot be seen; `hangd status` says why.")
     b.add("timeseries", "Source cost per tick", [(f"hangd_collector_duration_seconds{{{SEL}}}", "{{instance}} {{collector}}")],
-          unit="s")
+          unit="s", description="Seconds each source took on the last tick.")
     b.add("timeseries", "Tick cost p50 / p99",
           [(f"histogram_quantile(0.5, sum by (le, instance) (rate(hangd_tick_duration_seconds_bucket{{{SEL}}}[$__rate_interval])))", "p50 {{instance}}"),
            (f"histogram_quantile(0.99, sum by (le, instance) (rate(hangd_tick_duration_seconds_bucket{{{SEL}}}[$__rate_interval])))", "p99 {{instance}}")],
-          unit="s")
-    b.add("timeseries", "hangd CPU and memory",
-          [(f"rate(process_cpu_seconds_total{{{SEL}}}[$__rate_interval])", "cpu cores {{instance}}"),
-           (f"process_resident_memory_bytes{{{SEL}}} / 1e9", "RSS GB {{instance}}")])
+          unit="s", description="Cost of one sample + analysis tick. Above 0.5 s detection gets late (HangdSlowTicks).")
+    b.add("timeseries", "hangd CPU", [(f"rate(process_cpu_seconds_total{{{SEL}}}[$__rate_interval])", "{{instance}}")],
+          unit="percentunit", description="CPU hangd itself uses, in cores (1 = 100% of one core). The systemd unit "
+                                          "caps it at 50%.")
+    b.add("timeseries", "hangd memory", [(f"process_resident_memory_bytes{{{SEL}}}", "{{instance}}")],
+          unit="bytes", description="hangd's resident memory. The systemd unit caps it at 512 MB.")
     b.add("timeseries", "Store backlog and failed ticks",
           [(f"hangd_store_pending_batches{{{SEL}}}", "store queue {{instance}}"),
-           (f"increase(hangd_tick_failures_total{{{SEL}}}[$__rate_interval])", "failed ticks {{instance}}")])
-    b.add("stat", "Scraped", [(f'up{{job="hangd", {SEL}}}', "{{instance}}")], instant=True)
+           (f"increase(hangd_tick_failures_total{{{SEL}}}[$__rate_interval])", "failed ticks {{instance}}")],
+          unit="none", description="Writes queued because the store failed (they are retried), and ticks that "
+                                   "failed. Both should stay at 0.")
+    b.add("timeseries", "Series dropped", [(f"increase(hangd_series_dropped_total{{{SEL}}}[$__rate_interval])",
+                                            "{{instance}} {{reason}}")],
+          unit="none", description="Per-process series /metrics stopped exporting: of exited processes (gone) or "
+                                   "beyond metrics_max_processes (cap).")
+    b.add("stat", "Scraped", [(f'up{{job="hangd", {SEL}}}', "{{instance}}")], instant=True, unit="bool_yes_no",
+          description="Whether Prometheus reaches hangd on each node (the scrape job is named hangd).")
     return dashboard("hangd-self", "hangd / health", b, False, "Is hangd itself healthy: sources, tick cost, store.")
 
 

@@ -1,4 +1,8 @@
-"""The ``hangd`` command."""
+"""The ``hangd`` command.
+
+One contract for every command: results on stdout (a table, lines, or JSON with ``--json``),
+diagnostics on stderr, errors as one line ``hangd: <what is wrong>``, and the exit statuses of
+``hangd.exitcodes`` (0 healthy, 1 something found, 2 usage or input error, 3 cannot run here)."""
 
 from __future__ import annotations
 
@@ -9,138 +13,212 @@ import os
 import sys
 from typing import Any, NoReturn
 
-from hangd import __version__
+from hangd import __version__, exitcodes
 from hangd.config import ConfigError, Settings, load_settings, seconds_arg
+from hangd.exitcodes import EPILOG, CannotRun
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> NoReturn:  # one line, exit 2, no usage dump
-        self.exit(2, f"hangd: {message}\n")
+        self.exit(exitcodes.USAGE, f"hangd: {message} (see {self.prog} --help)\n")
 
 
 def _settings(args: argparse.Namespace, **flags: Any) -> Settings:
     return load_settings(flags=flags, config_path=getattr(args, "config", None))
 
 
-def cmd_status(args: argparse.Namespace) -> int:
-    from hangd.status import collect_status, render_status
+def _warn(text: str) -> None:
+    """A header line on stderr: seen even when stdout goes to a file or a pipe into jq."""
+    print(f"hangd: {text}", file=sys.stderr, flush=True)
 
+
+def _quiet_source_logs(args: argparse.Namespace) -> None:
+    # status, watch and record print their own header about a blind source; the runner's log line
+    # would say it a second time
+    if not args.verbose:
+        logging.getLogger("hangd.sources").setLevel(logging.ERROR)
+
+
+def _dump(doc: Any) -> None:
+    print(json.dumps(doc, indent=1, default=str))
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from hangd.status import collect_status, nothing_to_watch, render_status, status_found
+
+    if args.seconds <= 0:
+        raise ConfigError("--seconds must be > 0")
     s = _settings(args)
+    _quiet_source_logs(args)
     st = collect_status(s, seconds=args.seconds)
-    print(json.dumps(st, indent=1, default=str) if args.json else render_status(st))
-    return 0
+    if st["gpus_unseen"]:
+        _warn(st["gpus_unseen"])
+    if args.json:
+        _dump(st)
+    else:
+        print(render_status(st))
+    if nothing_to_watch(st):
+        _warn("nothing to watch: no GPU can be seen and no distributed job runs here. "
+              "HINT: run hangd on the node where the GPU job runs (see the operator guide: "
+              "\"hangd says it cannot see GPUs\")")
+        return exitcodes.CANNOT_RUN
+    return exitcodes.FOUND if status_found(st) else exitcodes.OK
 
 
 def cmd_record(args: argparse.Namespace) -> int:
+    from hangd.humanize import gpus_unseen
     from hangd.record import record
     from hangd.trace import TraceError
 
     s = _settings(args)
+    _quiet_source_logs(args)
     try:
         res = record(s, args.out, args.seconds, args.hz, stacks_every=args.stacks_every, fr_every=args.fr_every)
     except TraceError as e:
         raise ConfigError(str(e)) from e
-    print(f"recorded {res['snapshots']} snapshots to {res['out']}")
-    return 0
+    unseen = gpus_unseen(res.get("unavailable"))
+    if unseen:
+        _warn(unseen + " (the trace holds /proc readings only)")
+    if args.json:
+        _dump({**res, "gpus_unseen": unseen})
+    else:
+        print(f"recorded {res['snapshots']} snapshots over {res['seconds']:.1f} s to {res['out']}; "
+              f"replay it with: hangd replay {res['out']}")
+    return exitcodes.OK
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from hangd.replay import replay_result, run_replay
+    from hangd.replay import render_replay, replay_result, run_replay
     from hangd.trace import TraceError
 
+    if args.speed < 0:
+        raise ConfigError("--speed must not be negative")
     try:
         an, info = run_replay(args.dir, speed=args.speed)
     except TraceError as e:
         raise ConfigError(str(e)) from e
     res = replay_result(an)
     if args.json:
-        print(json.dumps(res, indent=1, default=str))
-        return 0
-    t0 = info["meta"].get("t_start") or (res["states"][0]["t"] if res["states"] else 0)
-    print(f"{info['snapshots']} snapshots from {args.dir}")
-    events = [(c["t"], f"pid {c['pid']:>7} rank {c['rank']!s:>3}  {c['state']:<13} {c['reason']}") for c in res["states"]]
-    for inc in res["incidents"]:
-        events.append((inc["opened_at"], f"INCIDENT #{inc['id']} {inc['kind']} opened: job {inc['job']}, culprit ranks "
-                       f"{inc['culprit_ranks']} (pids {inc['culprit_pids']})\n{'':>10}{inc['summary']}"))
-        if inc["resolved_at"] is not None:
-            events.append((inc["resolved_at"], f"INCIDENT #{inc['id']} resolved: {inc['timeline'][-1].get('note', '')}"))
-    for f in res["findings"]:
-        events.append((f["t"], f"FINDING {f['kind']}: {f.get('message', '')}"))
-    for t, text in sorted(events, key=lambda e: e[0]):
-        print(f"{t - t0:+9.2f}s  {text}")
-    return 0
+        _dump(res)
+    else:
+        print(render_replay(res, info, args.dir))
+    return exitcodes.FOUND if res["incidents"] or res["findings"] else exitcodes.OK
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
     """Follow the node: one JSON line (or one readable line) per state change and incident change."""
     from hangd.daemon import Loop
+    from hangd.watch import Watcher
 
+    if args.seconds < 0:
+        raise ConfigError("--seconds must not be negative")
     s = _settings(args, interval=args.interval)
+    _quiet_source_logs(args)
     loop = Loop(s)
-
-    def emit(snap: Any, changes: list[Any], incidents: list[Any]) -> None:
-        for c in changes:
-            d = c.to_dict()
-            d.pop("evidence", None)
-            print(json.dumps({"type": "state", **d}) if args.json else
-                  f"{c.t:.1f} pid {c.pid} rank {c.rank} {c.state}: {c.reason}", flush=True)
-        for inc in incidents:
-            print(json.dumps({"type": "incident", **inc.to_dict()}, default=str) if args.json else
-                  f"{inc.updated_at:.1f} incident #{inc.id} {inc.kind} {'open' if inc.open else 'resolved'}: {inc.summary}",
-                  flush=True)
-
-    loop.run(emit, seconds=args.seconds or None)
-    return 0
+    w = Watcher(json_lines=args.json, out=sys.stdout, warn=_warn)
+    try:
+        loop.run(w.emit, seconds=args.seconds or None)
+    except KeyboardInterrupt:
+        pass
+    if w.blind and not w.seen_any:
+        _warn("nothing to watch: no GPU could be seen and no distributed job ran here")
+        return exitcodes.CANNOT_RUN
+    with loop.lock:
+        open_now = bool(loop.analyzer.incidents(open_only=True))
+    return exitcodes.FOUND if open_now else exitcodes.OK
 
 
 def cmd_fr_analyze(args: argparse.Namespace) -> int:
     from hangd.flightrec.cli import analyze_paths, exit_status
 
+    missing = [p for p in args.paths if not os.path.exists(p)]
+    if missing:
+        raise ConfigError(f"no such file or directory: {missing[0]}")
     out, text = analyze_paths(args.paths)
-    print(json.dumps(out, indent=1, default=str) if args.json else text)
+    if args.json:
+        _dump(out)
+    else:
+        print(text)
     return exit_status(out)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="hangd", description="Is this distributed GPU job hung, why, and who is to blame?")
-    p.add_argument("--version", action="version", version=f"hangd {__version__}")
-    p.add_argument("--config", help="settings file (TOML); default /etc/hangd/hangd.toml when present")
-    p.add_argument("-v", "--verbose", action="store_true")
-    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+def _help(description: str, examples: str) -> dict[str, Any]:
+    """description and epilog (examples, then the exit statuses) of a subcommand."""
+    return {"description": description, "epilog": f"examples:\n{examples}\n\n{EPILOG}"}
 
-    st = sub.add_parser("status", help="one look at the node now")
-    st.add_argument("--json", action="store_true")
-    st.add_argument("--seconds", type=seconds_arg(0, 3600), default=2.0, help="observe this long to measure rates (default 2)")
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="hangd", description="Is this distributed GPU job hung, why, and who is to blame?",
+                epilog="examples:\n  hangd status\n  hangd watch --json | jq .\n"
+                       "  hangd replay tests/data/traces/h200x2/nccl_stall\n\n" + EPILOG)
+    p.add_argument("--version", action="version", version=f"hangd {__version__}")
+    p.add_argument("--config", metavar="FILE",
+                   help="settings file (TOML), e.g. --config /etc/hangd/hangd.toml; default: that file when present")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logs on stderr, e.g. hangd -v status")
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser, metavar="COMMAND")
+
+    st = sub.add_parser("status", help="one look at the node now", **_help(
+        "One look at the node now: every GPU, every GPU process / rank, its state and why, open incidents.\n"
+        "Exit 1 when an incident is open or a job is hung; 3 when no GPU can be seen and no job runs.",
+        "  hangd status\n  hangd status --seconds 5\n  hangd status --json | jq '.processes[] | {pid, state}'"))
+    st.add_argument("--json", action="store_true", help="one JSON document instead of the table, e.g. hangd status --json")
+    st.add_argument("--seconds", type=seconds_arg(0, 3600), default=2.0, metavar="S",
+                    help="observe this long to measure rates (default 2), e.g. --seconds 5")
     st.set_defaults(func=cmd_status)
 
-    rec = sub.add_parser("record", help="record the node as a hangd-trace/1 bundle")
-    rec.add_argument("--out", required=True)
-    rec.add_argument("--seconds", type=seconds_arg(), default=60.0)
-    rec.add_argument("--hz", type=seconds_arg(0, 1000), default=4.0)
-    rec.add_argument("--stacks-every", type=seconds_arg(lo_open=False), default=0.0, help="also dump every rank's stack this often (s)")
-    rec.add_argument("--fr-every", type=seconds_arg(lo_open=False), default=0.0,
-                     help="also ask ranks with a dump pipe for a flight-recorder dump this often (s)")
+    rec = sub.add_parser("record", help="record the node as a hangd-trace/1 bundle", **_help(
+        "Record the node as a hangd-trace/1 bundle (secrets redacted) to attach to a bug report.",
+        "  hangd record --out /tmp/trace --seconds 120\n"
+        "  hangd record --out /tmp/trace --seconds 60 --hz 2 --stacks-every 10 --json"))
+    rec.add_argument("--out", required=True, metavar="DIR", help="the bundle's directory (created), e.g. --out /tmp/trace")
+    rec.add_argument("--seconds", type=seconds_arg(), default=60.0, metavar="S", help="record this long (default 60), e.g. --seconds 120")
+    rec.add_argument("--hz", type=seconds_arg(0, 1000), default=4.0, help="snapshots per second (default 4), e.g. --hz 2")
+    rec.add_argument("--stacks-every", type=seconds_arg(lo_open=False), default=0.0, metavar="S",
+                     help="also dump every rank's stack this often (default: only when asked by the analysis), "
+                          "e.g. --stacks-every 10")
+    rec.add_argument("--fr-every", type=seconds_arg(lo_open=False), default=0.0, metavar="S",
+                     help="also ask ranks with a dump pipe for a flight-recorder dump this often (default: only on "
+                          "suspicion), e.g. --fr-every 30")
+    rec.add_argument("--json", action="store_true", help="print the result as JSON, e.g. hangd record --out DIR --json")
     rec.set_defaults(func=cmd_record)
 
-    rp = sub.add_parser("replay", help="run a recorded trace through the analysis")
-    rp.add_argument("dir")
-    rp.add_argument("--json", action="store_true")
-    rp.add_argument("--speed", type=seconds_arg(0, 1e6, lo_open=False), default=0.0, help="N times real time (default: as fast as possible)")
+    rp = sub.add_parser("replay", help="run a recorded trace through the analysis", **_help(
+        "Run a recorded trace through the same analysis as a live node: state changes, incidents\n"
+        "(with the next step), flight-recorder findings. Exit 1 when the trace holds an incident or finding.",
+        "  hangd replay tests/data/traces/h200x2/nccl_stall\n  hangd replay /tmp/trace --speed 10\n"
+        "  hangd replay /tmp/trace --json | jq '.incidents[].summary'"))
+    rp.add_argument("dir", metavar="DIR", help="a hangd-trace/1 directory, e.g. tests/data/traces/h200x2/nccl_stall")
+    rp.add_argument("--json", action="store_true", help="states, incidents and findings as one JSON document")
+    rp.add_argument("--speed", type=seconds_arg(0, 1e6, lo_open=False), default=0.0, metavar="N",
+                    help="N times real time (default: as fast as possible), e.g. --speed 10")
     rp.set_defaults(func=cmd_replay)
 
-    w = sub.add_parser("watch", help="follow the node: state changes and incidents as they happen")
-    w.add_argument("--json", action="store_true", help="one JSON object a line")
-    w.add_argument("--interval", type=seconds_arg(), default=None, help="seconds between samples (default 1)")
-    w.add_argument("--seconds", type=seconds_arg(lo_open=False), default=0.0, help="stop after this long (default: never)")
+    w = sub.add_parser("watch", help="follow the node: state changes and incidents as they happen", **_help(
+        "Follow the node: one line per state change and per incident change, as they happen.\n"
+        "Stops after --seconds (or Ctrl-C); exits 1 if an incident is still open then.",
+        "  hangd watch\n  hangd watch --json | jq -c 'select(.type == \"incident\")'\n"
+        "  hangd watch --seconds 600 --interval 0.5"))
+    w.add_argument("--json", action="store_true", help="one JSON object a line, e.g. hangd watch --json")
+    w.add_argument("--interval", type=seconds_arg(), default=None, metavar="S",
+                   help="seconds between samples (default 1), e.g. --interval 0.5")
+    w.add_argument("--seconds", type=seconds_arg(lo_open=False), default=0.0, metavar="S",
+                   help="stop after this long (default: never), e.g. --seconds 600")
     w.set_defaults(func=cmd_watch)
 
-    fr = sub.add_parser("fr", help="PyTorch flight-recorder dumps")
-    frs = fr.add_subparsers(dest="fr_cmd", required=True, parser_class=_Parser)
-    fa = frs.add_parser("analyze", help="find who broke the collective, from dump files or directories",
-                        epilog="exit status: 0 every rank read and in agreement, 1 a finding "
-                               "(including a rank with no dump or an unreadable file), 2 no dump could be read")
-    fa.add_argument("paths", nargs="+")
-    fa.add_argument("--json", action="store_true")
+    fr = sub.add_parser("fr", help="PyTorch flight-recorder dumps", **_help(
+        "PyTorch flight-recorder dumps, read with a decoder that never unpickles code.",
+        "  hangd fr analyze /tmp/fr_rank_0 /tmp/fr_rank_1\n  hangd fr analyze /tmp/dumps --json"))
+    frs = fr.add_subparsers(dest="fr_cmd", required=True, parser_class=_Parser, metavar="COMMAND")
+    fa = frs.add_parser("analyze", help="find who broke the collective, from dump files or directories", **_help(
+        "Find who broke the collective: a missing rank, mismatched ops, sizes or dtypes.\n"
+        "Exit 1 when there is a finding, 2 when no dump could be found.",
+        "  hangd fr analyze /tmp/fr_rank_0 /tmp/fr_rank_1\n  hangd fr analyze /tmp/dumps --json"))
+    fa.add_argument("paths", nargs="+", metavar="PATH", help="dump files or directories, e.g. /tmp/fr_rank_0 or /tmp/dumps")
+    fa.add_argument("--json", action="store_true", help="ranks, groups and findings as one JSON document")
     fa.set_defaults(func=cmd_fr_analyze)
 
     try:
@@ -148,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     except ImportError:
         pass
     else:
-        add_commands(sub)
+        add_commands(sub, _help)
     return p
 
 
@@ -161,7 +239,10 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except ConfigError as e:
         print(f"hangd: {e}", file=sys.stderr)
-        return 2
+        return exitcodes.USAGE
+    except CannotRun as e:
+        print(f"hangd: {e}", file=sys.stderr)
+        return exitcodes.CANNOT_RUN
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

@@ -25,6 +25,8 @@ def record(settings: Settings, out: str, seconds: float, hz: float, stacks_every
     meta = {"host": {"node": platform.node(), "kernel": platform.release()}, "sample_hz": hz,
             "recorder": "hangd record"}
     n = 0
+    unavailable: dict[str, str] = {}
+    t_start = time.monotonic()
     last_stacks = last_fr = time.monotonic()
     t_end = time.monotonic() + seconds
     with TraceWriter(out, meta) as w:
@@ -32,6 +34,7 @@ def record(settings: Settings, out: str, seconds: float, hz: float, stacks_every
         while time.monotonic() < t_end and not (stop is not None and stop.is_set()):
             snap = node.sample()
             w.write(snap)
+            unavailable = dict(snap.unavailable)
             an.step(snap)
             node.request(an.take_requests())
             if stacks_every > 0 and time.monotonic() - last_stacks >= stacks_every:
@@ -50,4 +53,4 @@ def record(settings: Settings, out: str, seconds: float, hz: float, stacks_every
                 next_t = time.monotonic()
         if node.nvml is not None and node.nvml.driver:
             w.meta["host"]["driver"] = node.nvml.driver
-    return {"snapshots": n, "out": out}
+    return {"snapshots": n, "out": out, "seconds": round(time.monotonic() - t_start, 3), "unavailable": unavailable}

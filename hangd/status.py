@@ -7,6 +7,7 @@ from typing import Any
 
 from hangd.analysis.engine import Analyzer
 from hangd.config import Settings
+from hangd.humanize import ago, command_line, gpus_unseen, iso_field, iso_local
 from hangd.sources.live import LiveNode
 
 
@@ -48,14 +49,32 @@ def collect_status(settings: Settings, seconds: float = 2.0) -> dict[str, Any]:
     procs = []
     for st in an.processes():
         grew = st.get("log_grew_at")
+        if "nvml" in snap.unavailable:
+            st = {**st, "gpu_mem_bytes": None}  # GPUs unseen: their memory is unknown, not 0 B
+        cmd = an.cmdline(st["pid"])
         procs.append({**st, "for_s": round(now - st["since"], 1),
+                      "command": command_line(cmd) if cmd else None,
                       "log_growing": grew is not None and now - grew <= 5.0})
-    return {"t": now, "gpus": gpus, "processes": procs, "jobs": an.jobs(),
+    return {"t": now, "t_iso": iso_field(now), "gpus": gpus, "gpus_unseen": gpus_unseen(snap.unavailable),
+            "processes": procs, "jobs": an.jobs(),
+            "incidents": [{k: v for k, v in i.to_dict().items() if k != "evidence"} for i in an.incidents(open_only=True)],
             "unavailable": snap.unavailable}
 
 
+def status_found(st: dict[str, Any]) -> bool:
+    """Something needs a person: an incident is open or a job is judged hung."""
+    return bool(st.get("incidents")) or any(j.get("state") == "hung" for j in st.get("jobs") or [])
+
+
+def nothing_to_watch(st: dict[str, Any]) -> bool:
+    """No GPU can be seen and /proc shows no distributed job either: hangd is blind here."""
+    return st.get("gpus_unseen") is not None and not st["processes"] and not st.get("jobs")
+
+
 def render_status(st: dict[str, Any]) -> str:
-    lines = []
+    lines = [f"hangd status at {iso_local(st['t'])}"]
+    if st.get("gpus_unseen"):
+        lines.append(st["gpus_unseen"])
     if st["gpus"]:
         lines.append(f"{'GPU':>3}  {'NAME':<22} {'UTIL':>4}  {'SM':>5}  {'POWER':>6}  {'MEMORY':>19}")
         for g in st["gpus"]:
@@ -67,18 +86,36 @@ def render_status(st: dict[str, Any]) -> str:
             lines.append(f"{g['index']:>3}  {str(g['name'] or '-')[:22]:<22} {util:>4}  {sm_s:>5}  {power:>6}  {mem:>19}")
         lines.append("")
     for name, why in (st.get("unavailable") or {}).items():
-        lines.append(f"{name}: {why}")
+        if name != "nvml" or not st.get("gpus_unseen"):
+            lines.append(f"{name}: {why}")
     if st.get("unavailable"):
         lines.append("")
     if not st["processes"]:
         lines.append("No GPU processes or distributed jobs found.")
         return "\n".join(lines)
-    hdr = f"{'GPU':>4} {'PID':>7} {'JOB':<24} {'RANK':>4} {'STATE':<13} {'FOR':>6} {'GPU-MEM':>9} {'CPU':>5} {'LOG':<4} {'COMMAND':<30} WHY"
+    hdr = f"{'GPU':>4} {'PID':>7} {'JOB':<24} {'RANK':>4} {'STATE':<13} {'FOR':>6} {'GPU-MEM':>9} {'CPU':>5} {'LOG':<4} {'COMMAND':<40} WHY"
     lines.append(hdr)
     for p in st["processes"]:
         gpu = ",".join(map(str, p.get("gpus") or [])) or "-"
         cpu = f"{p['cpu_cores'] * 100:.0f}%" if p.get("cpu_cores") is not None else "-"
-        lines.append(f"{gpu:>4} {p['pid']:>7} {str(p['job'])[:24]:<24} {p['rank']:>4} {p['state']:<13} "
+        cmd = str(p.get("command") or "-")
+        cmd = cmd if len(cmd) <= 40 else cmd[:39] + "…"
+        lines.append(f"{gpu:>4} {p['pid']:>7} {str(p['job'])[:24]:<24} {p['rank']!s:>4} {p['state']:<13} "
                      f"{_duration(p['for_s']):>6} {_fmt_bytes(p.get('gpu_mem_bytes')):>9} {cpu:>5} "
-                     f"{'yes' if p['log_growing'] else 'no':<4} {str(p.get('command') or '-')[:30]:<30} {p['reason'][:120]}")
+                     f"{'yes' if p['log_growing'] else 'no':<4} {cmd:<40} {p['reason'][:120]}")
+    for inc in st.get("incidents") or []:
+        lines.append("")
+        lines.extend(render_incident(inc, st["t"]))
     return "\n".join(lines)
+
+
+def render_incident(inc: dict[str, Any], now: float) -> list[str]:
+    """An incident as a person on call reads it: what, since when, who, and what to do next."""
+    state = "open" if inc.get("resolved_at") is None else f"resolved {iso_local(inc['resolved_at'])}"
+    out = [f"INCIDENT #{inc['id']} {inc['kind']} ({inc.get('severity', '-')}, {state}) job {inc['job']}: "
+           f"opened {iso_local(inc['opened_at'])} ({ago(inc['opened_at'], now)}); culprit ranks "
+           f"{inc.get('culprit_ranks') or '-'} (pids {inc.get('culprit_pids') or '-'})",
+           f"    {inc.get('summary', '')}"]
+    if inc.get("next_step"):
+        out.append(f"    next step: {inc['next_step']}")
+    return out

@@ -52,10 +52,12 @@ def test_cli_errors_are_one_line_exit_2(tmp_path):
 
 
 def test_status_runs_here_without_gpus():
-    out = run_hangd("status", "--seconds", "1")
-    assert "nvml: unavailable" in out.stdout or "GPU" in out.stdout
+    # 3: no GPU visible and no job on this host (tests/test_cli.py pins the blind node's words)
+    out = run_hangd("status", "--seconds", "1", check=False)
+    assert out.returncode in (0, 1, 3), out.stderr
+    assert "GPUs cannot be seen" in out.stdout or "GPU" in out.stdout
     import json
-    doc = json.loads(run_hangd("status", "--json", "--seconds", "1").stdout)
+    doc = json.loads(run_hangd("status", "--json", "--seconds", "1", check=False).stdout)
     assert set(doc) >= {"gpus", "processes", "jobs", "unavailable"}
 
 

@@ -51,3 +51,20 @@ def test_live_nvml_sample():
     src.collect(s1)
     src.collect(s2)
     assert s2.gpus and s2.gpus[0].uuid and s2.gpus[0].mem_total
+
+
+@pytest.mark.parametrize("code,why,hint", [
+    ("NVML_ERROR_LIBRARY_NOT_FOUND", "libnvidia-ml.so.1 (the driver's NVML library) cannot be found", "install the NVIDIA driver"),
+    ("NVML_ERROR_DRIVER_NOT_LOADED", "the NVIDIA kernel driver is not loaded", "install the NVIDIA driver"),
+    ("NVML_ERROR_NO_PERMISSION", "no permission to open the GPU devices", "run hangd as root"),
+    ("NVML_ERROR_LIB_RM_VERSION_MISMATCH", "different versions", "reboot"),
+    ("NVML_ERROR_UNKNOWN", "NVML cannot start: Unknown Error", "install the NVIDIA driver"),
+])
+def test_nvml_init_errors_say_what_is_wrong_and_what_to_do(code, why, hint):
+    """NVML's own error objects (the boundary), turned into an operator's words with a HINT."""
+    import pynvml
+
+    from hangd.sources.nvml import _init_error
+
+    u = _init_error(pynvml.NVMLError(getattr(pynvml, code)))
+    assert why in u.why and u.hint.startswith("HINT:") and hint in u.hint, str(u)

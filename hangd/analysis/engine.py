@@ -154,6 +154,11 @@ class Analyzer:
 
     process_states = processes  # the older name
 
+    def cmdline(self, pid: int) -> list[str] | None:
+        """The command line of a watched process (secrets already redacted at the source)."""
+        h = self.view.procs.get(pid)
+        return list(h.info.cmdline) if h is not None and h.info is not None and h.info.cmdline else None
+
     def _command(self, pid: int) -> str | None:
         h = self.view.procs.get(pid)
         if h is None or h.info is None or not h.info.cmdline:

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import signal
+import socket
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from hangd.config import ConfigError, load_settings
+from hangd.exitcodes import CannotRun
 
 
 class JsonFormatter(logging.Formatter):
@@ -30,6 +34,25 @@ def _setup_logging(json_logs: bool, level: str) -> None:
     root.setLevel(getattr(logging, level.upper(), logging.INFO))
     logging.getLogger("uvicorn.access").setLevel(logging.WARNING)
     logging.getLogger("alembic").setLevel(logging.WARNING)
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """Fail before starting anything when the address is taken: exit 3 with one line, instead of
+    uvicorn's log and exit 1 after the loop already started."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: TIME_WAIT is not "busy"
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise CannotRun(f"listen {host}:{port}: address already in use. HINT: another hangd runs "
+                                f"(systemctl status hangd), or pick another port with --listen") from e
+            if e.errno == errno.EADDRNOTAVAIL:
+                raise ConfigError(f"listen {host}:{port}: no such address on this host") from e
+            if e.errno == errno.EACCES:
+                raise CannotRun(f"listen {host}:{port}: permission denied. HINT: ports below 1024 need root") from e
+            raise CannotRun(f"listen {host}:{port}: {e.strerror}") from e
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -53,6 +76,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             TraceReader(s.replay)
         except TraceError as e:
             raise ConfigError(str(e)) from e
+    _check_port_free(host, port)
     _setup_logging(s.log_json, s.log_level)
     log = logging.getLogger("hangd.serve")
     try:
@@ -91,24 +115,40 @@ def cmd_db(args: argparse.Namespace) -> int:
         upgrade(s.db, args.revision)
     else:
         downgrade(s.db, args.revision)
-    print(f"{args.db_cmd} {s.db.split('@')[-1]} to {args.revision}")
+    where = s.db.split("@")[-1]  # never print a password of the URL
+    if args.json:
+        print(json.dumps({"action": args.db_cmd, "db": where, "revision": args.revision}))
+    else:
+        print(f"{args.db_cmd} {where} to {args.revision}")
     return 0
 
 
-def add_commands(sub: Any) -> None:
-    sv = sub.add_parser("serve", help="run the daemon: REST API, /metrics, store")
-    sv.add_argument("--listen", help="HOST:PORT (default 127.0.0.1:9877)")
-    sv.add_argument("--db", help="SQLAlchemy URL (default SQLite in /var/lib/hangd or ~/.local/share/hangd)")
-    sv.add_argument("--interval", type=float, help="seconds between samples (default 1)")
-    sv.add_argument("--replay", help="run on a recorded trace instead of the live node")
-    sv.add_argument("--speed", type=float, help="with --replay: N times real time (default 1)")
-    sv.add_argument("--token-file", help="file holding the API token (or set HANGD_TOKEN)")
-    sv.add_argument("--log-json", action="store_true", help="structured JSON logs")
+def add_commands(sub: Any, help_: Callable[[str, str], dict[str, Any]]) -> None:
+    sv = sub.add_parser("serve", help="run the daemon: REST API, /metrics, store", **help_(
+        "Run the daemon: sample the node every --interval, keep incidents in the store, serve the REST\n"
+        "API and /metrics. Exit 3 when the port is taken; 2 on a bad setting. A node whose GPUs cannot\n"
+        "be seen still serves (a warning is logged, /readyz says degraded).",
+        "  hangd serve\n  hangd serve --listen 0.0.0.0:9877 --token-file /etc/hangd/token\n"
+        "  hangd serve --replay tests/data/traces/h200x2/nccl_stall --speed 2 --db sqlite:////tmp/h.db"))
+    sv.add_argument("--listen", metavar="HOST:PORT", help="where to listen (default 127.0.0.1:9877), e.g. --listen 0.0.0.0:9877")
+    sv.add_argument("--db", metavar="URL", help="SQLAlchemy URL (default SQLite in /var/lib/hangd or ~/.local/share/hangd), "
+                    "e.g. --db postgresql+psycopg://hangd@db/hangd")
+    sv.add_argument("--interval", type=float, metavar="S", help="seconds between samples (default 1), e.g. --interval 0.5")
+    sv.add_argument("--replay", metavar="DIR", help="run on a recorded trace instead of the live node, e.g. --replay /tmp/trace")
+    sv.add_argument("--speed", type=float, metavar="N", help="with --replay: N times real time (default 1), e.g. --speed 10")
+    sv.add_argument("--token-file", metavar="FILE", help="file holding the API token (or set HANGD_TOKEN), "
+                    "e.g. --token-file /etc/hangd/token")
+    sv.add_argument("--log-json", action="store_true", help="structured JSON logs, one object a line")
     sv.set_defaults(func=cmd_serve)
-    db = sub.add_parser("db", help="database migrations")
-    dbs = db.add_subparsers(dest="db_cmd", required=True)
-    for name, default in (("upgrade", "head"), ("downgrade", "base")):
-        p = dbs.add_parser(name)
-        p.add_argument("revision", nargs="?", default=default)
-        p.add_argument("--db", help="SQLAlchemy URL")
+    db = sub.add_parser("db", help="database migrations", **help_(
+        "Database migrations (Alembic). `hangd serve` upgrades on start; these are for doing it by hand.",
+        "  hangd db upgrade\n  hangd db downgrade base --db sqlite:////tmp/h.db --json"))
+    dbs = db.add_subparsers(dest="db_cmd", required=True, metavar="COMMAND", parser_class=type(db))
+    for name, default, what in (("upgrade", "head", "to the newest schema"), ("downgrade", "base", "to an older schema")):
+        p = dbs.add_parser(name, help=f"migrate {what}", **help_(
+            f"Migrate the store {what} (default revision: {default}).",
+            f"  hangd db {name}\n  hangd db {name} {default} --db sqlite:////tmp/h.db --json"))
+        p.add_argument("revision", nargs="?", default=default, help=f"Alembic revision (default {default}), e.g. {default}")
+        p.add_argument("--db", metavar="URL", help="SQLAlchemy URL, e.g. --db sqlite:////var/lib/hangd/hangd.db")
+        p.add_argument("--json", action="store_true", help="print the result as JSON")
         p.set_defaults(func=cmd_db)

@@ -1,14 +1,23 @@
 """/metrics: a collector rebuilt on every scrape from the daemon's current view.
 
 Like node_exporter, every part is isolated: a part that fails is logged and reported through
-``hangd_collector_success{collector="metrics:<part>"}`` and the scrape still succeeds."""
+``hangd_metrics_part_success{part="<part>"}`` and the scrape still succeeds.
+
+The distributed job is the label ``hangd_job``, never ``job``: Prometheus sets ``job`` to the scrape
+job, and a clash would need ``honor_labels`` and hide which scrape a series came from.
+
+Per-process series are bounded: a process that exited keeps its series ``metrics_gone_after_s``
+(so the last state of a rank that died is still scraped), then they go; beyond
+``metrics_max_processes`` processes the rest are not exported. Both are counted in
+``hangd_series_dropped_total{reason="gone"|"cap"}``."""
 
 from __future__ import annotations
 
 import logging
 import platform
+import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -22,11 +31,50 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("hangd.metrics")
 JOB_STATES = STATES
+# series one process contributes: a state series per state, last progress, GPU memory
+SERIES_PER_PROCESS = len(STATES) + 2
+
+
+class SeriesBound:
+    """Which processes /metrics exports: exited ones only for ``gone_after_s``, at most ``cap``.
+    Counts, once per process, the series it stopped exporting and why."""
+
+    def __init__(self, gone_after_s: float = 300.0, cap: int = 1000) -> None:
+        self.gone_after_s = gone_after_s
+        self.cap = cap
+        self.dropped_total = {"gone": 0.0, "cap": 0.0}
+        self._dropped: dict[int, str] = {}  # pid -> why, so a process is counted once
+
+    def select(self, procs: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
+        keep = []
+        for p in procs:
+            if p.get("state") == "gone" and now - float(p.get("since") or now) > self.gone_after_s:
+                self._drop(p["pid"], "gone")
+            else:
+                keep.append(p)
+        # live processes first, then the newest exits: the cap cuts the least useful series
+        keep.sort(key=lambda p: (p.get("state") == "gone", -float(p.get("since") or 0.0)))
+        for p in keep[self.cap:]:
+            self._drop(p["pid"], "cap")
+        kept = keep[: self.cap]
+        kept_pids = {p["pid"] for p in kept}
+        for pid in [pid for pid, why in self._dropped.items() if why == "cap" and pid in kept_pids]:
+            del self._dropped[pid]  # back under the cap: count it again if it is cut again
+        if len(self._dropped) > 10 * max(self.cap, 1000):  # forget the oldest: pids are reused
+            for pid in list(self._dropped)[: len(self._dropped) // 2]:
+                del self._dropped[pid]
+        return kept
+
+    def _drop(self, pid: int, why: str) -> None:
+        if self._dropped.get(pid) != why:
+            self._dropped[pid] = why
+            self.dropped_total[why] += SERIES_PER_PROCESS
 
 
 class HangdCollector(Collector):
     def __init__(self, daemon: Daemon) -> None:
         self.d = daemon
+        self.bound = SeriesBound(daemon.settings.metrics_gone_after_s, daemon.settings.metrics_max_processes)
 
     def collect(self) -> Iterator[Metric]:
         failed: list[str] = []
@@ -50,35 +98,43 @@ class HangdCollector(Collector):
     def _processes(self) -> Iterator[Metric]:
         with self.d.lock:
             procs = self.d.analyzer.processes()
+        procs = self.bound.select(procs, self.d.last_snapshot_t or time.time())
         st = GaugeMetricFamily("hangd_process_state", "1 for the state each GPU process / rank is in, 0 for the others.",
-                               labels=["job", "rank", "gpu", "pid", "state"])
+                               labels=["hangd_job", "rank", "gpu", "pid", "state"])
         for p in procs:
             gpu = ",".join(map(str, p.get("gpus") or [])) or "none"
             for s in STATES:
                 st.add_metric([p["job"], str(p["rank"]), gpu, str(p["pid"]), s], 1.0 if p["state"] == s else 0.0)
         yield st
         lp = GaugeMetricFamily("hangd_last_progress_timestamp_seconds",
-                               "When each rank last showed evidence of work done (Unix seconds).", labels=["job", "rank"])
+                               "When each rank last showed evidence of work done (Unix seconds).", labels=["hangd_job", "rank"])
         for p in procs:
             if p.get("last_progress"):
                 lp.add_metric([p["job"], str(p["rank"])], float(p["last_progress"]))
         yield lp
-        mem = GaugeMetricFamily("hangd_process_gpu_memory_bytes", "GPU memory each rank holds.", labels=["job", "rank", "pid"])
+        mem = GaugeMetricFamily("hangd_process_gpu_memory_bytes", "GPU memory each rank holds.",
+                                labels=["hangd_job", "rank", "pid"])
         for p in procs:
             if p.get("gpu_mem_bytes") is not None:
                 mem.add_metric([p["job"], str(p["rank"]), str(p["pid"])], float(p["gpu_mem_bytes"]))
         yield mem
+        dropped = CounterMetricFamily("hangd_series_dropped", "Per-process series no longer exported: of processes "
+                                      "gone longer than metrics_gone_after_s, or beyond metrics_max_processes.",
+                                      labels=["reason"])
+        for why, n in sorted(self.bound.dropped_total.items()):
+            dropped.add_metric([why], n)
+        yield dropped
 
     def _jobs(self) -> Iterator[Metric]:
         with self.d.lock:
             jobs = self.d.analyzer.jobs()
         js = GaugeMetricFamily("hangd_job_state", "1 for the state each distributed job is in, 0 for the others.",
-                               labels=["job", "state"])
+                               labels=["hangd_job", "state"])
         for j in jobs:
             for s in JOB_STATES:
                 js.add_metric([j["job"], s], 1.0 if j["state"] == s else 0.0)
         yield js
-        ranks = GaugeMetricFamily("hangd_job_ranks", "Ranks of each job seen on this node.", labels=["job"])
+        ranks = GaugeMetricFamily("hangd_job_ranks", "Ranks of each job seen on this node.", labels=["hangd_job"])
         for j in jobs:
             ranks.add_metric([j["job"]], float(len(j["ranks"])))
         yield ranks
@@ -96,10 +152,10 @@ class HangdCollector(Collector):
         yield tot
         info = GaugeMetricFamily("hangd_incident_opened_timestamp_seconds",
                                  "When each open incident was opened (Unix seconds); its id links to /incidents/{id}.",
-                                 labels=["id", "kind", "severity", "job", "culprit_ranks"])
+                                 labels=["id", "kind", "severity", "hangd_job", "culprit_ranks"])
         det = GaugeMetricFamily("hangd_incident_detection_seconds",
                                 "Seconds from the last progress of the job to the incident opening (time to detect).",
-                                labels=["id", "kind", "job"])
+                                labels=["id", "kind", "hangd_job"])
         for i in open_:
             labels = [str(i.id), i.kind, i.severity, i.job, ",".join(map(str, i.culprit_ranks))]
             info.add_metric(labels, float(i.opened_at))

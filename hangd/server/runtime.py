@@ -14,6 +14,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from hangd.analysis.engine import Analyzer, StateChange
 from hangd.config import Settings
 from hangd.daemon import Loop, thresholds_from
+from hangd.humanize import gpus_unseen
 from hangd.incidents import Incident
 from hangd.replay import paced
 from hangd.snapshot import Snapshot
@@ -163,16 +164,28 @@ class Daemon:
         return {"accepted": True, "pids": pids, "note": "stacks (py-spy, non-blocking) and flight-recorder dumps are "
                 "captured on the next tick and attached to the processes' evidence"}
 
+    def gpus_unseen(self) -> str | None:
+        """Why the live node's GPUs cannot be seen (NVML missing, broken, turned off); None otherwise."""
+        if self.loop is None:
+            return None
+        st = self.loop.node.runner.stats.get("nvml")
+        return gpus_unseen({"nvml": st.error}) if st is not None and not st.success and st.error else None
+
     def ready(self) -> tuple[bool, str]:
-        """Ready once the loop has sampled (or the replay ran); a degraded store still serves."""
-        store = "" if self.store.healthy else \
-            f"; store degraded: {self.store.last_error} ({len(self.store.pending)} batches queued)"
+        """Ready once the loop has sampled (or the replay ran). A degraded store, or GPUs that cannot
+        be seen, still serve (what /proc shows is worth having) but say ``degraded: <why>``."""
+        degraded = []
+        if not self.store.healthy:
+            degraded.append(f"store degraded: {self.store.last_error} ({len(self.store.pending)} batches queued)")
         if self.store.recreated:
-            store += f"; database file was removed or replaced {self.store.recreated} time(s) and recreated"
+            degraded.append(f"database file was removed or replaced {self.store.recreated} time(s) and recreated")
         if self.replay_done:
-            return True, "replay finished" + store
+            return True, "; ".join(["replay finished", *degraded])
         if self.thread is None or not self.thread.is_alive():
             return False, "loop not running"
         if self.last_tick_at is None:
             return False, "no tick yet"
-        return True, "ok" + store
+        unseen = self.gpus_unseen()
+        if unseen:
+            degraded.insert(0, unseen)
+        return True, ("degraded: " + "; ".join(degraded)) if degraded else "ok"

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, computed_field
+
+from hangd.humanize import iso_field
 
 
 class IncidentSummary(BaseModel):
@@ -24,6 +26,22 @@ class IncidentSummary(BaseModel):
     ranks: list[int] = []
     culprit_pids: list[int] = []
     culprit_ranks: list[int] = []
+
+    # the same instants for a person reading the JSON: local time with its offset
+    @computed_field(description="opened_at as ISO-8601 (local time with offset)")  # type: ignore[prop-decorator]
+    @property
+    def opened_at_iso(self) -> str | None:
+        return iso_field(self.opened_at)
+
+    @computed_field(description="updated_at as ISO-8601 (local time with offset)")  # type: ignore[prop-decorator]
+    @property
+    def updated_at_iso(self) -> str | None:
+        return iso_field(self.updated_at)
+
+    @computed_field(description="resolved_at as ISO-8601 (local time with offset); null while open")  # type: ignore[prop-decorator]
+    @property
+    def resolved_at_iso(self) -> str | None:
+        return iso_field(self.resolved_at)
 
 
 class IncidentDetail(IncidentSummary):

@@ -2,7 +2,9 @@
 
 Like node_exporter's collectors: each source is timed, a source that cannot read (no driver, no
 permission) says ``unavailable: <why>`` with a ``HINT:`` and the others go on; a source that breaks
-unexpectedly is logged and counted, never allowed to stop the loop.
+unexpectedly is logged and counted, never allowed to stop the loop. A source going unavailable is
+logged once at warning, and again only when its reason changes or it reads again: a node without
+GPUs must be loud once, not every tick.
 """
 
 from __future__ import annotations
@@ -27,6 +29,19 @@ class Unavailable(Exception):
 
     def __str__(self) -> str:
         return f"unavailable: {self.why}" + (f" {self.hint}" if self.hint else "")
+
+
+class Disabled:
+    """A source turned off by a setting: it still says so on every snapshot, so "turned off" is
+    never mistaken for "nothing there"."""
+
+    def __init__(self, name: str, why: str, hint: str = "") -> None:
+        self.name = name
+        self.why = why
+        self.hint = hint
+
+    def collect(self, snap: Snapshot) -> None:
+        raise Unavailable(self.why, self.hint)
 
 
 class Source(Protocol):
@@ -58,10 +73,12 @@ class SourceRunner:
             t0 = time.perf_counter()
             try:
                 src.collect(snap)
+                if st.error is not None:
+                    log.warning("source %s reads again", src.name)
                 st.success, st.error = True, None
             except Unavailable as e:
                 if st.error != str(e):
-                    log.debug("source %s %s", src.name, e)
+                    log.warning("source %s %s", src.name, e)
                 st.success, st.error = False, str(e)
                 snap.unavailable[src.name] = str(e)
             except Exception as e:  # a broken source must never stop the loop

@@ -10,7 +10,7 @@ from hangd.config import Settings
 from hangd.evidence import Requests, decode_evidence
 from hangd.snapshot import Action, RasReport, Snapshot, StackSample
 from hangd.sources import ras
-from hangd.sources.base import CollectorStats, SourceRunner, Unavailable
+from hangd.sources.base import CollectorStats, Disabled, SourceRunner, Unavailable
 from hangd.sources.flight import FlightSource
 from hangd.sources.nvml import NvmlSource
 from hangd.sources.output import OutputSource
@@ -31,6 +31,9 @@ class LiveNode:
         self.flight = FlightSource(proc_root=settings.proc_root)
         self.stacks = StackSource(timeout_s=settings.pyspy_timeout) if settings.stacks else None
         sources: list = [s for s in (self.nvml, self.proc, self.output, self.flight) if s is not None]
+        if self.nvml is None:
+            sources.insert(0, Disabled("nvml", "turned off by the setting nvml = false (HANGD_NVML=0)",
+                                       "HINT: unset HANGD_NVML or set nvml = true to see GPUs"))
         self.runner = SourceRunner(sources)
         self._pending: list[tuple[int, bool]] = []
         self._pending_fr: list[int] = []

@@ -27,8 +27,8 @@ except ImportError:  # pragma: no cover - dependency of hangd
     pynvml = None
 
 DRIVER_HINT = (
-    "HINT: no NVIDIA driver reachable (libnvidia-ml.so.1); on a GPU host install the driver, in a "
-    "container mount /dev/nvidia* and the driver libraries (NVIDIA container toolkit)"
+    "HINT: on a GPU host install the NVIDIA driver; in a container mount /dev/nvidia* and the driver "
+    "libraries (NVIDIA container toolkit: --gpus all, or the nvidia runtime class on Kubernetes)"
 )
 
 # trace name -> NVML GPM metric id (percentages, or MiB/s for the rates)
@@ -45,6 +45,28 @@ _GPM_METRICS = {
     "NVLINK_TOTAL_TX_PER_SEC": 61,
 }
 
+# NVML's init errors in an operator's words (pynvml's own say "NVML Shared Library Not Found")
+_INIT_WHY = {
+    "NVML_ERROR_LIBRARY_NOT_FOUND": "libnvidia-ml.so.1 (the driver's NVML library) cannot be found or loaded",
+    "NVML_ERROR_DRIVER_NOT_LOADED": "the NVIDIA kernel driver is not loaded",
+    "NVML_ERROR_NO_PERMISSION": "no permission to open the GPU devices (/dev/nvidia*)",
+    "NVML_ERROR_LIB_RM_VERSION_MISMATCH": "the NVML library and the kernel driver have different versions",
+}
+_INIT_HINT = {
+    "NVML_ERROR_NO_PERMISSION": "HINT: run hangd as root, or give its user access to /dev/nvidia*",
+    "NVML_ERROR_LIB_RM_VERSION_MISMATCH": "HINT: the driver was upgraded without a reboot: reboot, or reload the "
+                                          "nvidia kernel modules",
+}
+
+
+def _init_error(e: Exception) -> Unavailable:
+    """An NVML init failure as an Unavailable whose words say what is wrong and what to do."""
+    code = getattr(e, "value", None)
+    name = next((n for n in _INIT_WHY if getattr(pynvml, n, object()) == code), None)
+    why = f"NVML cannot start: {_INIT_WHY[name]} ({e})" if name else f"NVML cannot start: {e}"
+    return Unavailable(why, _INIT_HINT.get(name or "", DRIVER_HINT))
+
+
 _lock = threading.Lock()
 _initialised = False
 
@@ -59,9 +81,9 @@ def _init() -> None:
         try:
             pynvml.nvmlInit()
         except pynvml.NVMLError as e:
-            raise Unavailable(f"NVML init failed: {e}", DRIVER_HINT) from e
+            raise _init_error(e) from e
         except OSError as e:
-            raise Unavailable(f"NVML library not loadable: {e}", DRIVER_HINT) from e
+            raise Unavailable(f"NVML cannot start: libnvidia-ml.so.1 cannot be loaded: {e}", DRIVER_HINT) from e
         _initialised = True
 
 

@@ -20,6 +20,17 @@ RULES = ROOT / "deploy" / "prometheus" / "hangd-rules.yml"
 DASHBOARDS = sorted((ROOT / "dashboards").glob("*.json"))
 
 
+GUIDE = ROOT / "docs" / "operator-guide.md"
+
+
+def _anchors(markdown: str) -> set[str]:
+    """GitHub's anchors for the headings of a Markdown file."""
+    out = set()
+    for h in re.findall(r"^#+ (.+)$", markdown, re.M):
+        out.add(re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-"))
+    return out
+
+
 def promtool() -> str:
     p = shutil.which("promtool")
     assert p, "promtool (Debian's prometheus) is installed by `make test`"
@@ -32,6 +43,41 @@ def test_promtool_checks_and_unit_tests_pass():
     tests = sorted((ROOT / "deploy" / "prometheus" / "tests").glob("*.yml"))
     out = subprocess.run([promtool(), "test", "rules", *map(str, tests)], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_every_alert_has_a_runbook_url_to_a_section_that_exists():
+    anchors = _anchors(GUIDE.read_text())
+    alerts = [r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"] if "alert" in r]
+    assert len(alerts) >= 9
+    for a in alerts:
+        url = a["annotations"].get("runbook_url", "")
+        assert url.startswith("file:///opt/hangd/share/doc/operator-guide.md#"), a["alert"]
+        assert url.split("#", 1)[1] in anchors, f"{a['alert']}: no section #{url.split('#', 1)[1]} in the operator guide"
+    # the guide `make install` puts where the runbook_url points
+    assert "docs/operator-guide.md $(PREFIX)/share/doc/operator-guide.md" in (ROOT / "Makefile").read_text()
+
+
+def test_the_distributed_job_is_hangd_job_never_job():
+    rules = RULES.read_text()
+    assert "$labels.job " not in rules and "$labels.job}" not in rules and "(instance, job)" not in rules
+    assert "honor_labels" not in (ROOT / "deploy" / "prometheus" / "scrape-config.yml").read_text().split("scrape_configs")[1]
+    for where, expr in _exprs():
+        assert not re.search(r"\bjob=~\"\$job\"|by \(job\b|\{\{job\}\}", expr), where
+    for p in DASHBOARDS:
+        d = json.loads(p.read_text())
+        for pan in d["panels"]:
+            assert "{{job}}" not in json.dumps(pan), f"{p.name}: {pan['title']}"
+        for v in d["templating"]["list"]:
+            if v["name"] == "job":
+                assert v["definition"].endswith(", hangd_job)"), v
+
+
+def test_every_panel_has_a_unit_and_a_description():
+    for p in DASHBOARDS:
+        for pan in json.loads(p.read_text())["panels"]:
+            where = f"{p.name}: {pan['title']}"
+            assert pan["fieldConfig"]["defaults"].get("unit"), where
+            assert len(pan.get("description") or "") >= 20, where
 
 
 def test_dashboards_are_current_schema_with_variables():
@@ -80,7 +126,7 @@ def stack(tmp_path_factory):
     (tmp / "prometheus.yml").write_text(yaml.safe_dump({
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(rules)],
-        "scrape_configs": [{"job_name": "hangd", "honor_labels": True,
+        "scrape_configs": [{"job_name": "hangd",
                             "static_configs": [{"targets": [s.url.removeprefix("http://")]}]}],
     }))
     prom = subprocess.Popen(["prometheus", f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
@@ -132,6 +178,7 @@ def test_every_metric_named_by_dashboards_and_rules_exists(stack):
     for _, expr in _exprs():
         names |= set(re.findall(r"\b(hangd_[a-z_]+|process_[a-z_]+)\b", expr))
     names |= set(re.findall(r"\b(hangd_[a-z_]+)\b", RULES.read_text()))
+    names -= {"hangd_job"}  # the label of the distributed job, not a metric
     recorded = set(re.findall(r"record: (\S+)", RULES.read_text()))
     missing = set()
     for n in names:
@@ -143,3 +190,27 @@ def test_every_metric_named_by_dashboards_and_rules_exists(stack):
         for r in re.findall(r"\b(hangd:[a-z_:0-9]+)", expr):
             assert r in recorded, r
     assert Path(RULES).exists()
+
+
+def test_metrics_lint_and_carry_no_job_label(stack):
+    text = stack["hangd"].get("/metrics").text
+    res = subprocess.run([promtool(), "check", "metrics"], input=text, capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert not re.search(r"[{,]job=", text), "a job label clashes with the scrape job's"
+    # (the per-rank series carry hangd_job: the dashboards' queries above got data through it)
+    assert re.search(r'^hangd_series_dropped_total\{reason="gone"\} ', text, re.M)
+
+
+def test_series_of_gone_processes_go_after_the_setting_and_a_cap_holds():
+    from hangd.server.metrics import SERIES_PER_PROCESS, SeriesBound
+
+    b = SeriesBound(gone_after_s=300, cap=2)
+    procs = [{"pid": 1, "state": "busy", "since": 0.0}, {"pid": 2, "state": "gone", "since": 1000.0},
+             {"pid": 3, "state": "gone", "since": 100.0}]
+    assert [p["pid"] for p in b.select(procs, now=1200.0)] == [1, 2]  # 3 exited 1100 s ago
+    assert b.dropped_total == {"gone": SERIES_PER_PROCESS, "cap": 0}
+    assert [p["pid"] for p in b.select(procs, now=1200.0)] == [1, 2]
+    assert b.dropped_total["gone"] == SERIES_PER_PROCESS  # counted once, not per scrape
+    many = [{"pid": 10 + i, "state": "busy", "since": float(i)} for i in range(5)]
+    kept = b.select(many, now=1200.0)
+    assert len(kept) == 2 and b.dropped_total["cap"] == 3 * SERIES_PER_PROCESS

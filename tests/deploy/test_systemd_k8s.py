@@ -56,6 +56,7 @@ PODMONITOR_SCHEMA = {
         "metadata": {"type": "object", "required": ["name"]},
         "spec": {"type": "object", "required": ["selector", "podMetricsEndpoints"], "additionalProperties": False,
                  "properties": {
+                     "jobLabel": {"type": "string"},
                      "selector": {"type": "object", "properties": {"matchLabels": {"type": "object"}}},
                      "podMetricsEndpoints": {"type": "array", "items": {
                          "type": "object", "additionalProperties": False,
@@ -74,4 +75,7 @@ PODMONITOR_SCHEMA = {
 def test_podmonitor_matches_the_crd():
     doc = yaml.safe_load((K8S / "podmonitor.yaml").read_text())
     jsonschema.validate(doc, PODMONITOR_SCHEMA)
-    assert doc["spec"]["podMetricsEndpoints"][0]["honorLabels"] is True
+    # hangd_job does not clash with the scrape's job label; the job is "hangd" as the rules expect
+    assert "honorLabels" not in doc["spec"]["podMetricsEndpoints"][0]
+    ds = next(d for d in yaml.safe_load_all((K8S / "daemonset.yaml").read_text()) if d and d["kind"] == "DaemonSet")
+    assert ds["spec"]["template"]["metadata"]["labels"][doc["spec"]["jobLabel"]] == "hangd"

@@ -83,7 +83,7 @@ def world(tmp_path_factory):
     (tmp / "rules.yml").write_text(yaml.safe_dump(doc))
     (tmp / "prometheus.yml").write_text(yaml.safe_dump({
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"}, "rule_files": [str(tmp / "rules.yml")],
-        "scrape_configs": [{"job_name": "hangd", "honor_labels": True,
+        "scrape_configs": [{"job_name": "hangd",
                             "static_configs": [{"targets": [s.url.removeprefix("http://")]}]}]}))
     prom = subprocess.Popen(["prometheus", f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
                              f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],

@@ -14,9 +14,12 @@ def healthz() -> Health:
 
 
 @router.get("/readyz", response_model=Health, summary="The loop runs and has sampled the node",
+            description="`ok`; `degraded` (still serving, 200) when the store fails or the GPUs cannot be seen, "
+                        "with the reason in `detail`; `not ready` (503) before the first sample.",
             responses={503: {"model": Health}})
 def readyz(daemon: DaemonDep, response: Response) -> Health:
     ok, why = daemon.ready()
     if not ok:
         response.status_code = 503
-    return Health(status="ok" if ok else "not ready", detail=why)
+    status = "not ready" if not ok else "degraded" if "degraded" in why else "ok"
+    return Health(status=status, detail=why)

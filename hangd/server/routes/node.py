@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, HTTPException, Query, Response
 
 from hangd.server.deps import AuthDep, DaemonDep
 from hangd.server.schemas import GpuOut, JobOut, ProcessOut, TimelineEntry
@@ -31,8 +31,13 @@ def jobs(daemon: DaemonDep, _: AuthDep) -> list[dict[str, Any]]:
     return [{**j, "open_incidents": sorted(open_by_job.get(j["job"], []))} for j in jobs]
 
 
-@router.get("/gpus", response_model=list[GpuOut], summary="Latest readings of every GPU")
-def gpus(daemon: DaemonDep, _: AuthDep) -> list[dict[str, Any]]:
+@router.get("/gpus", response_model=list[GpuOut], summary="Latest readings of every GPU",
+            description="Empty when the GPUs cannot be seen; the `Hangd-Gpus-Unseen` header (and /readyz) then says why.")
+def gpus(daemon: DaemonDep, _: AuthDep, response: Response) -> list[dict[str, Any]]:
+    unseen = daemon.gpus_unseen()
+    if unseen:
+        # a header keeps the body a plain list of GPUs; latin-1 is what headers can carry
+        response.headers["Hangd-Gpus-Unseen"] = unseen.encode("latin-1", "replace").decode("latin-1")[:1000]
     with daemon.lock:
         return daemon.analyzer.gpus()
 
