@@ -381,7 +381,7 @@ class Analyzer:
         orphans = {pid for pid in live if orphan.is_orphaned(self.view, pid)}
 
         exited_inc = exits.step(self.env, jv)
-        hang.step(self.env, jv, blocked_by_exit=exited_inc is not None)
+        hang.step(self.env, jv, blocked_by_exit=exited_inc is not None or exits.pending(self.env, jv))
         straggler.track_episodes(self.env, jv)
         straggler.step(self.env, jv)
         orphan.step(self.env, jv, orphans)
@@ -463,7 +463,8 @@ class Analyzer:
         conclusive = state in (State.LOADING, State.GRAPH_CAPTURE, State.COMPILING, State.WAITING_PEER, State.STRAGGLER,
                                State.HUNG, State.ORPHANED) \
             or (rd.local == Local.BUSY and bool(s.gpu_indexes)) \
-            or rd.local == Local.SERVING or (rd.local == Local.QUIET and p.verdict.known and p.verdict_t is not None) \
+            or rd.local in (Local.SERVING, Local.SPINNING, Local.WAITING) \
+            or (rd.local == Local.QUIET and p.verdict.known and p.verdict_t is not None) \
             or (p.quiet_since is not None and t - p.quiet_since >= th.startup_quiet_s and s.age_s >= th.startup_quiet_s) \
             or s.age_s >= th.startup_max_s
         if rd.local in (Local.CPU, Local.BUSY) and not s.gpu_indexes:

@@ -239,8 +239,13 @@ def group_jobs(view: NodeView, th: Thresholds | None = None, fr_ranks: dict[int,
     learn_log_ranks(view)
     members: dict[str, list[ProcHistory]] = {}
     parts_of: dict[str, dict[str, str]] = {}
-    for h in rank_processes(view, th):
-        key, parts = _key(view, h)
+    ranks = rank_processes(view, th)
+    keyed = {h.pid: _key(view, h) for h in ranks}
+    for h in ranks:
+        key, parts = keyed[h.pid]
+        if key.startswith("launcher:") and h.first_ppid in keyed:
+            # spawned by a rank (vLLM runs rank 0 in the engine process, ranks 1.. in its children)
+            key, parts = keyed[h.first_ppid]
         members.setdefault(key, []).append(h)
         parts_of[key] = parts
     # two processes with the same rank are never one job: split them by launcher

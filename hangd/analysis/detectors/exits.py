@@ -13,6 +13,13 @@ from hangd.incidents import Incident, IncidentKind
 FAMILY = "hang"
 
 
+def pending(env: Env, jv: JobView) -> bool:
+    """A rank exited moments ago: what the others do next is judged as its consequence first."""
+    tr = jv.track
+    return bool(jv.live) and any(p not in tr.exits_reported and jv.t - at < env.th.rank_exit_grace_s + env.th.window_s
+                                 for p, at in tr.exited.items())
+
+
 def step(env: Env, jv: JobView) -> Incident | None:
     """The job's open rank_exited incident, if any (it shares the hang family: one at a time)."""
     th = env.th

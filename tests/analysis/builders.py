@@ -1,0 +1,143 @@
+"""Small hand-made snapshots for the analysis' unit tests: processes, GPUs, logs, stacks.
+
+The NVML side is injected as recorded-shaped readings (the only boundary mocked anywhere); the
+numbers follow what the H200 traces show for each phase."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hangd.analysis.engine import Analyzer
+from hangd.snapshot import (
+    FileSample,
+    Frame,
+    GpuProc,
+    GpuSample,
+    ProcInfo,
+    ProcSample,
+    Snapshot,
+    StackSample,
+    ThreadStack,
+)
+
+GiB = 1 << 30
+IDLE = {"SM_UTIL": 0.0, "ANY_TENSOR_UTIL": 0.0, "DRAM_BW_UTIL": 0.0, "NVLINK_TOTAL_TX_PER_SEC": 0.0}
+SPIN = {"SM_UTIL": 18.0, "ANY_TENSOR_UTIL": 0.0, "DRAM_BW_UTIL": 0.0, "NVLINK_TOTAL_TX_PER_SEC": 0.0}
+WORK = {"SM_UTIL": 85.0, "ANY_TENSOR_UTIL": 80.0, "DRAM_BW_UTIL": 17.0, "NVLINK_TOTAL_TX_PER_SEC": 17000.0}
+DECODE = {"SM_UTIL": 5.0, "ANY_TENSOR_UTIL": 0.1, "DRAM_BW_UTIL": 2.2, "NVLINK_TOTAL_TX_PER_SEC": 80.0}
+GPU_LOOK = {"idle": (0, 124_000, IDLE), "spin": (100, 124_000, SPIN), "work": (99, 470_000, WORK),
+            "decode": (60, 165_000, DECODE)}
+
+
+@dataclass
+class P:
+    """One process: its static facts and what it does now."""
+
+    pid: int
+    ppid: int
+    env: dict[str, str] = field(default_factory=dict)
+    cmdline: list[str] = field(default_factory=lambda: ["python", "train.py"])
+    comm: str = "python"
+    gpu: int | None = None  # the GPU it holds memory on
+    gpu_mem: int = 20 * GiB
+    look: str = "idle"  # idle | spin | work | decode (of its GPU)
+    state: str = "S"
+    wchan: str = "futex_do_wait"
+    cpu_ticks_per_s: int = 0  # utime growth
+    read_per_s: int = 0
+    wchar_per_s: int = 0
+    vol_per_s: int = 0
+    threads: int = 12
+    log: str | None = None  # its fd 1/2 target
+    dist_threads: list[str] | None = None
+    start: float = 0.0
+
+
+class Node:
+    """A node fed to an Analyzer one tick at a time (4 Hz like the recorded traces)."""
+
+    def __init__(self, procs: list[P], hz: float = 4.0, analyzer: Analyzer | None = None) -> None:
+        self.procs = {p.pid: p for p in procs}
+        self.an = analyzer or Analyzer()
+        self.hz = hz
+        self.t = 1000.0
+        self.counters: dict[int, dict[str, float]] = {}
+        self.sent_info: set[int] = set()
+        self.logs: dict[str, int] = {}
+        self._tails: dict[str, str] = {}
+        self.pending_stacks: list[StackSample] = []
+        self.gone: set[int] = set()
+        self.changes: list = []
+
+    def write_log(self, path: str, text: str) -> None:
+        self.logs[path] = self.logs.get(path, 0) + len(text)
+        self._tails[path] = (self._tails.get(path, "") + text)[-4096:]
+
+    def stack(self, pid: int, frames: list[tuple[str, str]], threads: list[str] | None = None) -> None:
+        ths = [ThreadStack(tid=pid, name="MainThread", active=False, owns_gil=False,
+                           frames=[Frame(name=n, filename=f, line=1) for f, n in frames])]
+        for i, name in enumerate(threads or []):
+            ths.append(ThreadStack(tid=pid + 1 + i, name=name, active=False, owns_gil=False,
+                                   frames=[Frame(name="wait", filename="threading.py", line=1)]))
+        self.pending_stacks.append(StackSample(pid=pid, threads=ths))
+
+    def kill(self, pid: int) -> None:
+        self.gone.add(pid)
+
+    def tick(self) -> None:
+        dt = 1.0 / self.hz
+        self.t += dt
+        snap = Snapshot(t=self.t)
+        by_gpu: dict[int, list[P]] = {}
+        for p in self.procs.values():
+            if p.gpu is not None and p.pid not in self.gone:
+                by_gpu.setdefault(p.gpu, []).append(p)
+        for idx in sorted({p.gpu for p in self.procs.values() if p.gpu is not None} | {0}):
+            holders = by_gpu.get(idx, [])
+            looks = [GPU_LOOK[h.look] for h in holders] or [GPU_LOOK["idle"]]
+            util, power, gpm = max(looks, key=lambda x: x[1])
+            snap.gpus.append(GpuSample(index=idx, util_gpu=util, util_mem=0, mem_used=sum(h.gpu_mem for h in holders),
+                                       mem_total=141 * GiB, power_mw=power, gpm=dict(gpm),
+                                       procs=[GpuProc(pid=h.pid, used=h.gpu_mem) for h in holders]))
+        for p in self.procs.values():
+            if p.pid in self.gone:
+                snap.procs.append(ProcSample(pid=p.pid, gone=True))
+                continue
+            c = self.counters.setdefault(p.pid, {"ticks": 0.0, "read": 0.0, "wchar": 0.0, "vol": 0.0})
+            c["ticks"] += p.cpu_ticks_per_s * dt
+            c["read"] += p.read_per_s * dt
+            c["wchar"] += p.wchar_per_s * dt
+            c["vol"] += p.vol_per_s * dt
+            snap.procs.append(ProcSample(pid=p.pid, ppid=p.ppid, comm=p.comm, state=p.state, utime=int(c["ticks"]), stime=0,
+                                         threads=p.threads, wchan=p.wchan, rss_bytes=2 * GiB,
+                                         io={"read_bytes": int(c["read"]), "write_bytes": 0, "rchar": int(c["read"]),
+                                             "wchar": int(c["wchar"])},
+                                         voluntary_ctxt_switches=int(c["vol"]), nonvoluntary_ctxt_switches=0,
+                                         start_time=p.start or 999.0, dist_threads=p.dist_threads))
+            if p.pid not in self.sent_info:
+                self.sent_info.add(p.pid)
+                snap.infos.append(ProcInfo(pid=p.pid, ppid=p.ppid, cmdline=p.cmdline, environ=dict(p.env),
+                                           fds={"1": p.log, "2": p.log} if p.log else {}, start_time=p.start or 999.0))
+        for path, size in self.logs.items():
+            snap.files.append(FileSample(path=path, size=size, tail=self._tails.get(path)))
+        snap.stacks, self.pending_stacks = self.pending_stacks, []
+        self.changes.extend(self.an.step(snap))
+        self.an.take_requests()
+
+    def run(self, seconds: float) -> None:
+        for _ in range(int(seconds * self.hz)):
+            self.tick()
+
+    def state(self, pid: int) -> str | None:
+        return next((p["state"] for p in self.an.processes() if p["pid"] == pid), None)
+
+    def kinds(self) -> list[str]:
+        return [str(i.kind) for i in self.an.incidents()]
+
+    def jobs(self) -> list[dict]:
+        return self.an.jobs()
+
+
+def torchrun_env(rank: int, world: int, port: int = 29500, run_id: str = "none", **extra: str) -> dict[str, str]:
+    return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port), "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_RESTART_COUNT": "0", **extra}

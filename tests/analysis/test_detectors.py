@@ -1,0 +1,155 @@
+"""Incident families on hand-made nodes: what pages and what must not."""
+
+from __future__ import annotations
+
+from .builders import P, Node, torchrun_env
+
+COLL = [("torch/distributed/distributed_c10d.py", "broadcast_object_list"), ("server.py", "loop")]
+EVENT = [("threading.py", "wait"), ("server.py", "start")]
+ACCEPT = [("socket.py", "accept"), ("server.py", "serve")]
+
+
+def two_ranks(**kw) -> list[P]:
+    return [P(11, 10, torchrun_env(0, 2), gpu=0, log="/job/log0", **kw), P(12, 10, torchrun_env(1, 2), gpu=1, log="/job/log1", **kw)]
+
+
+def hang_node(**kw) -> Node:
+    """rank 0 blocked host-side in a broadcast, rank 1 waiting on an event: the seed's shape."""
+    node = Node([P(10, 1), *two_ranks(**kw)])
+    node.run(5)
+    return node
+
+
+def stacks(node: Node) -> None:
+    node.stack(11, COLL)
+    node.stack(12, EVENT)
+
+
+def test_a_lone_sleeping_process_is_idle_not_hung():
+    node = Node([P(5, 1, {}, cmdline=["python", "app.py"], gpu=0, gpu_mem=600 << 20)])
+    node.run(10)
+    node.stack(5, EVENT)
+    node.run(40)
+    assert node.kinds() == []
+    assert node.state(5) == "idle"
+
+
+def test_host_side_hang_names_the_rank_the_others_wait_for():
+    node = hang_node()
+    stacks(node)
+    node.run(15)
+    (inc,) = node.an.incidents()
+    assert inc.kind == "host_stall" and inc.culprit_ranks == [1]
+
+
+def test_the_culprit_stays_when_the_stacks_go_stale():
+    node = hang_node()
+    stacks(node)
+    node.run(15)
+    (inc,) = node.an.incidents()
+    assert inc.culprit_ranks == [1]
+    node.procs[11].wchan = "futex_wait_queue"  # stacks no longer describe rank 0's wait point
+    node.run(20)
+    assert inc.culprit_ranks == [1] and "no culprit" not in inc.summary
+    assert inc.open
+
+
+def test_an_idle_server_whose_coordinator_waits_for_requests_raises_nothing():
+    node = Node([P(10, 1), P(11, 10, torchrun_env(0, 2), gpu=0, wchan="inet_csk_accept"),
+                 P(12, 10, torchrun_env(1, 2), gpu=1, look="spin", state="R", cpu_ticks_per_s=100)])
+    node.run(5)
+    node.stack(11, ACCEPT)
+    node.stack(12, COLL)
+    node.run(120)
+    assert node.kinds() == []
+    assert node.state(11) == "idle" and node.state(12) == "idle"
+
+
+def test_collectives_that_keep_completing_are_not_a_hang():
+    """A server that polls an empty queue and broadcasts an empty batch 20 times a second."""
+    node = Node([P(10, 1), P(11, 10, torchrun_env(0, 2), vol_per_s=20), P(12, 10, torchrun_env(1, 2), vol_per_s=20)])
+    node.run(5)
+    node.stack(11, COLL)
+    node.stack(12, COLL)
+    node.run(60)
+    assert node.kinds() == []
+
+
+def test_a_shared_log_written_by_someone_else_does_not_end_a_hang():
+    node = Node([P(10, 1), P(11, 10, torchrun_env(0, 2), gpu=0, log="/job/nohup.out"),
+                 P(12, 10, torchrun_env(1, 2), gpu=1, log="/job/nohup.out")])
+    node.run(5)
+    stacks(node)
+    node.run(15)
+    (inc,) = node.an.incidents()
+    for _ in range(80):  # another process appends to the same file every tick
+        node.write_log("/job/nohup.out", "[monitor] still here\n")
+        node.tick()
+    assert inc.open and node.kinds() == ["host_stall"], [i.timeline for i in node.an.incidents()]
+
+
+def test_its_own_log_growing_is_progress():
+    node = Node([P(10, 1), P(11, 10, torchrun_env(0, 2), gpu=0, log="/job/log0"),
+                 P(12, 10, torchrun_env(1, 2), gpu=1, log="/job/log1")])
+    node.run(5)
+    stacks(node)
+    node.run(15)
+    (inc,) = node.an.incidents()
+    node.procs[12].wchar_per_s = 400
+    for _ in range(20):
+        node.write_log("/job/log1", "step 1234 loss 0.1\n")
+        node.procs[12].look = "work"
+        node.tick()
+    assert not inc.open
+
+
+def test_a_slow_reader_its_peer_waits_for_is_loading_not_hung():
+    node = Node([P(10, 1), P(11, 10, torchrun_env(0, 2), gpu=0),
+                 P(12, 10, torchrun_env(1, 2), gpu=1, wchan="hrtimer_nanosleep", read_per_s=130_000_000,
+                   cpu_ticks_per_s=10)])
+    node.run(5)
+    node.stack(11, [("torch/distributed/distributed_c10d.py", "barrier"), ("load.py", "main")])
+    node.run(60)
+    assert not [k for k in node.kinds() if k in ("host_stall", "nccl_stall", "io_stall")], node.kinds()
+    assert node.state(12) == "loading"
+
+
+def test_the_summary_quotes_the_exception_in_the_rank_log():
+    node = Node([P(10, 1), *two_ranks()])
+    node.run(5)
+    node.write_log("/job/log1", "Traceback (most recent call last):\n  File \"w.py\", line 3, in run\n"
+                   "RuntimeError: mat1 and mat2 shapes cannot be multiplied (1x4096 and 7168x4096)\n")
+    node.tick()
+    node.procs[12].threads = 11  # the worker thread died
+    stacks(node)
+    node.run(15)
+    (inc,) = node.an.incidents()
+    assert "RuntimeError: mat1 and mat2 shapes cannot be multiplied (1x4096 and 7168x4096)" in inc.summary
+    assert "rank 1's log" in inc.summary
+    assert "lost a thread" in inc.summary
+    assert "TORCH_FR_BUFFER_SIZE" in inc.next_step  # flight recording is off for this job
+
+
+def test_a_clean_end_is_not_rank_exited_and_a_dead_rank_is_reported_once():
+    node = Node([P(10, 1), *two_ranks(look="work")])
+    node.run(5)
+    node.kill(11)
+    node.kill(12)
+    node.run(20)
+    assert node.kinds() == []
+    node2 = Node([P(10, 1), *two_ranks(look="work")])
+    node2.run(5)
+    node2.kill(12)
+    node2.procs[11].look = "spin"
+    node2.run(40)
+    assert node2.kinds() == ["rank_exited"]
+    (inc,) = node2.an.incidents()
+    assert inc.culprit_ranks == [1]
+
+
+def test_a_rank_that_exits_while_its_peer_keeps_working_is_not_rank_exited():
+    node = Node([P(10, 1), *two_ranks(look="work")])
+    node.run(5)
+    node.kill(12)
+    node.run(30)  # rank 0 keeps working (saving a checkpoint, its last steps)
+    assert node.kinds() == []

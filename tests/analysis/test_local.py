@@ -1,0 +1,85 @@
+"""The per-process classifier as a table: signals in, reading out. Each row is a phase seen on
+real hardware (FIELD-NOTES and the recorded traces), with the line between neighbours."""
+
+from __future__ import annotations
+
+import pytest
+
+from hangd.analysis import stackcat
+from hangd.analysis.local import Context, classify
+from hangd.analysis.model import Local
+from hangd.analysis.signals import GpuSignals, ProcSignals, Thresholds
+
+TH = Thresholds()
+GiB = 1 << 30
+STACK = {k: stackcat.Verdict(k, k, "f.py:fn:1", "MainThread", 50) for k in
+         ("collective", "store", "request_wait", "loading", "compiling", "graph_capture", "lock_wait")}
+
+
+def sig(**kw) -> ProcSignals:
+    gpu = kw.pop("gpu", None)
+    s = ProcSignals(pid=1, age_s=kw.pop("age_s", 60.0), state=kw.pop("state", "S"), wchan=kw.pop("wchan", "futex_do_wait"))
+    if gpu is not None:
+        s.gpu_indexes, s.gpu_mem = [0], 20 * GiB
+        s.gpu = gpu
+    for k, v in kw.items():
+        setattr(s, k, v)
+    return s
+
+
+WORKS = GpuSignals(util=99, sm=85, tensor=80, dram=17, nvlink_mibs=17000, power_w=470, has_gpm=True, work_frac=1.0)
+DECODE = GpuSignals(util=60, sm=5, tensor=0.1, dram=2.2, nvlink_mibs=80, power_w=165, has_gpm=True, work_frac=1.0)
+SPINS = GpuSignals(util=100, sm=18, tensor=0, dram=0, nvlink_mibs=0, power_w=124, has_gpm=True, spin_frac=1.0)
+IDLE = GpuSignals(util=0, sm=0, tensor=0, dram=0, nvlink_mibs=0, power_w=122, has_gpm=True)
+CAPTURE = GpuSignals(util=66, sm=50, tensor=33, dram=13, power_w=570, has_gpm=True, work_frac=0.4)
+
+ROWS = [
+    # (name, signals, context verdict, expected)
+    ("matmul loop", sig(gpu=WORKS, state="R", cpu_cores=1.0), None, Local.BUSY),
+    ("token-by-token generation (light but real work)", sig(gpu=DECODE), None, Local.BUSY),
+    ("NCCL kernel spinning for a peer", sig(gpu=SPINS, state="R", cpu_cores=1.0), None, Local.SPINNING),
+    ("host-side collective wait (stack)", sig(gpu=IDLE), "collective", Local.WAITING),
+    ("process-group handshake (stack)", sig(gpu=IDLE, wchan="poll_schedule_timeout"), "store", Local.WAITING),
+    ("idle server in accept()", sig(gpu=IDLE, wchan="inet_csk_accept"), None, Local.SERVING),
+    ("idle server (stack)", sig(gpu=IDLE), "request_wait", Local.SERVING),
+    ("loading shards from cold disk", sig(gpu=IDLE, state="D", d_fraction=1.0, read_per_s=800e6, gpu_mem_rate=400e6),
+     None, Local.LOADING),
+    ("slow reader: bursts with sleeps, S in nanosleep", sig(gpu=IDLE, wchan="hrtimer_nanosleep", read_per_s=60e6,
+                                                             io_long_per_s=130e6, io_active_s=5), None, Local.LOADING),
+    ("imports at start read into nothing", sig(age_s=3.0, read_per_s=50e6, rchar_per_s=50e6), None, Local.QUIET),
+    ("graph capture: memory grows while the GPU runs bursts",
+     sig(gpu=CAPTURE, state="R", gpu_mem_rate=300e6, gpu_mem_rate_before=300e6), None, Local.GRAPH_CAPTURE),
+    ("compile workers under it", sig(gpu=IDLE, state="R", cpu_cores=1.0, compile_children=8), None, Local.COMPILING),
+    ("stopped", sig(gpu=SPINS, state="T"), None, Local.STOPPED),
+    ("zombie", sig(state="Z"), None, Local.ZOMBIE),
+    ("uninterruptible I/O, no bytes moving", sig(gpu=IDLE, state="D", d_fraction=1.0, wchan="nfs_wait"), None, Local.IO_WAIT),
+    ("blocked on an event (the culprit of a host-side hang)", sig(gpu=IDLE), "lock_wait", Local.QUIET),
+    ("on CPU with no proof of progress", sig(state="R", cpu_cores=1.0), None, Local.CPU),
+    ("sleeping, nothing known", sig(gpu=IDLE), None, Local.QUIET),
+]
+
+
+@pytest.mark.parametrize(("name", "s", "verdict", "want"), ROWS, ids=[r[0] for r in ROWS])
+def test_classify(name, s, verdict, want):
+    ctx = Context(verdict=STACK[verdict] if verdict else stackcat.UNKNOWN)
+    got = classify(s, ctx, TH)
+    assert got.local == want, f"{name}: {got}"
+    assert len(got.why) > 10
+
+
+def test_cpu_work_that_progresses_is_busy():
+    got = classify(sig(state="R", cpu_cores=1.0), Context(progressed_recently=True, progress_why="it wrote to its log"), TH)
+    assert got.local == Local.BUSY and "it wrote to its log" in got.why
+
+
+def test_a_process_holding_no_gpu_memory_is_not_said_to_hold_it():
+    s = sig(gpu=IDLE)
+    s.gpu_mem = 0
+    assert "GiB held" not in classify(s, Context(), TH).why
+
+
+def test_classify_is_pure():
+    s = sig(gpu=SPINS, state="R")
+    before = repr(s)
+    a, b = classify(s, Context(), TH), classify(s, Context(), TH)
+    assert a == b and repr(s) == before
