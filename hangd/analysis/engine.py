@@ -397,8 +397,10 @@ class Analyzer:
         waiting = jv.waiting
         serving = jv.serving
         idle_server = bool(waiting) and bool(set(live) - waiting) and (set(live) - waiting) <= serving
-        recurring = tr.episode is not None and any(
-            tr.episode_start - th.straggler_window_s <= tt < tr.episode_start - 0.5 for tt, _ in tr.episodes)
+        # a pattern: at least two earlier waits in the window (one earlier blip is not one)
+        recurring = tr.episode is not None and sum(
+            1 for tt, c in tr.episodes
+            if tr.episode_start - th.straggler_window_s <= tt < tr.episode_start - 0.5 and c == tr.episode) >= 2
         hold = bool(waiting) and not recurring and t - tr.episode_start < th.hang_gpu_s
         changes = []
         for pid in live:
