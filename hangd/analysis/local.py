@@ -42,7 +42,8 @@ def classify(s: ProcSignals, ctx: Context, th: Thresholds) -> Reading:
     reading = filling and ((s.read_per_s or 0) >= th.load_read_per_s or (s.rchar_per_s or 0) >= th.load_rchar_per_s)
     # a slow reader: bytes from the disk in bursts with sleeps between, long past start-up
     slow_reading = (s.io_long_per_s or 0) >= th.load_read_per_s and s.io_active_s >= th.io_sustained_s and \
-        (s.read_per_s or 0) + (s.write_per_s or 0) >= th.io_bytes_per_s and (filling or s.age_s >= th.startup_cpu_s)
+        (s.read_per_s or 0) + (s.write_per_s or 0) >= th.io_bytes_per_s and \
+        (filling or s.age_s >= th.startup_cpu_s or (s.cpu_cores or 0) < th.busy_cpu_cores)  # imports burn CPU
     if not works and (reading or slow_reading or v.kind == "loading" or ("loading" in s.log_kinds and s.d_fraction > 0)):
         if reading:
             why = f"reading {((s.read_per_s or 0) + (s.rchar_per_s or 0)) / 1e6:.0f} MB/s from disk"

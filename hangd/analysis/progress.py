@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 
 from hangd.analysis.signals import GiB, ProcSignals, Thresholds
 
-COLLECTIVE_WAITS = ("collective", "store")
+# A rank blocked in a collective whose main thread keeps waking: its collectives complete. Not the
+# rendezvous store: its client polls with short timeouts and wakes while it waits (seen on H200s).
+COLLECTIVE_WAITS = ("collective",)
 
 
 @dataclass
