@@ -487,7 +487,7 @@ class Analyzer:
             if p.pending != state:
                 p.pending, p.pending_since = state, t
                 return None
-            if t - p.pending_since < self.th.dwell_s:
+            if t - p.pending_since < (self.th.idle_dwell_s if state == State.IDLE else self.th.dwell_s):
                 return None
         p.state, p.since, p.reason, p.pending = state, t, reason, None
         return StateChange(t, pid, job.ranks.get(pid), job.id, state, reason, {"signals": s.brief()})

@@ -63,6 +63,9 @@ class Thresholds:
     startup_quiet_cpu_cores: float = 0.05  # ... "asleep": below this much CPU
     started_gpu_mem_bytes: float = 1.5 * GiB  # more than a CUDA context: the job has set up
     dwell_s: float = 2.0  # a new state must hold this long before it is reported
+    # ... and "idle" longer: a rank that just went quiet is idle, or stuck in a wait its stack (taken
+    # after stack_quiet_s) will show; say which once the stack is in
+    idle_dwell_s: float = 5.0
     stack_quiet_s: float = 3.0  # capture stacks of a job quiet this long
     stack_repeat_s: float = 5.0  # ... and again this much later, to show it is stuck
     straggler_wait_s: float = 10.0  # seconds peers waited on one rank within straggler_window_s
