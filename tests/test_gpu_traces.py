@@ -84,3 +84,57 @@ def test_recorded_traces_hold_no_secret():
     for p in LIVE.rglob("*"):
         if p.is_file():
             assert PLANTED_SECRET.encode() not in p.read_bytes(), p
+
+
+# Hugging Face transformers tensor parallelism under plain torchrun (tests/data/traces/h200x2-hf):
+# jobs nobody here wrote; the false alarms they raised are what these pin down.
+HF = DATA / "traces" / "h200x2-hf"
+HF_EXPECT = {
+    "healthy": ([], None),
+    "back_to_back": ([], None),
+    "slow_load": (["straggler"], [1]),  # a warning at most: the slow reader loads, its peer waits
+    "worker_died": (["nccl_stall", "orphaned_gpu_memory"], [1]),
+    "gloo_handshake": (["host_stall"], [1]),
+}
+
+
+def replay_hf(name: str) -> dict:
+    key = "hf:" + name
+    if key not in _cache:
+        an, _ = run_replay(str(HF / name))
+        _cache[key] = replay_result(an)
+    return _cache[key]
+
+
+@pytest.mark.parametrize("name", sorted(HF_EXPECT))
+def test_accuracy_on_hf_tensor_parallel_traces(name):
+    sc = score(str(HF / name), replay_hf(name)["states"])
+    assert sc["accuracy"] >= 0.95, (name, {p: d["wrong"] for p, d in sc["per_pid"].items()})
+
+
+@pytest.mark.parametrize("name", sorted(HF_EXPECT))
+def test_incidents_on_hf_tensor_parallel_traces(name):
+    kinds, culprits = HF_EXPECT[name]
+    incs = replay_hf(name)["incidents"]
+    assert [i["kind"] for i in incs] == kinds, [(i["kind"], i["summary"][:200]) for i in incs]
+    if culprits is not None:
+        assert incs[0]["culprit_ranks"] == culprits
+    lines = [json.loads(x) for x in (HF / name / "truth.jsonl").read_text().splitlines()]
+    hung = [x["t"] for x in lines if x["state"] == "hung"]
+    if hung:
+        assert incs[0]["opened_at"] - min(hung) <= 15.0
+
+
+def test_the_dead_worker_thread_s_exception_is_the_probable_cause():
+    inc = replay_hf("worker_died")["incidents"][0]
+    assert "RuntimeError: mat1 and mat2 shapes cannot be multiplied (4x4096 and 2048x32000)" in inc["summary"]
+    assert inc["evidence"]["exceptions"][-1]["line"].startswith("RuntimeError: mat1 and mat2")
+    assert "TORCH_FR_BUFFER_SIZE" in inc["next_step"]  # these jobs ran without the flight recorder
+
+
+def test_back_to_back_launches_are_two_jobs_with_ranks_0_and_1():
+    states = replay_hf("back_to_back")["states"]
+    jobs: dict[str, set[int]] = {}
+    for s in states:
+        jobs.setdefault(s["job"], set()).add(s["rank"])
+    assert len(jobs) == 2 and all(r == {0, 1} for r in jobs.values()), jobs
