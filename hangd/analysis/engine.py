@@ -48,7 +48,7 @@ __all__ = ["STATES", "Analyzer", "REQUEST_WCHANS", "Requests", "StateChange"]
 class Analyzer:
     def __init__(self, thresholds: Thresholds | None = None) -> None:
         self.th = thresholds or Thresholds()
-        self.view = NodeView()
+        self.view = NodeView(self.th)
         self.book = IncidentBook(keep_resolved=self.th.max_incidents_in_memory)
         self.progress = ProgressBook(self.th)
         self.tracks: dict[int, ProcTrack] = {}
@@ -221,7 +221,7 @@ class Analyzer:
             self.progress.credit(pid, p.stack_sig_t + 0.01, "its stack changed between two captures", strong=True)
         if sig:
             p.stack_sig, p.stack_sig_t = sig, t
-        if v.known or p.verdict_t is None or t - p.verdict_t > 1.0:
+        if v.known or p.verdict_t is None or t - p.verdict_t > self.th.window_s / 2:
             p.verdict, p.verdict_t = v, t
             lp = h.latest()
             p.verdict_wchan = lp.wchan if lp is not None else None

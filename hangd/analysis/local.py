@@ -38,7 +38,7 @@ def classify(s: ProcSignals, ctx: Context, th: Thresholds) -> Reading:
         return Reading(Local.STOPPED, "stopped (SIGSTOP or a debugger): it runs no code at all")
     # reading fast *and* the data going somewhere (GPU memory, host memory) or waiting on the disk;
     # importing python packages at start reads too, but into nothing
-    filling = (s.gpu_mem_rate > 0 or s.d_fraction >= 0.25) and (bool(s.gpu_indexes) or s.age_s >= th.startup_cpu_s)
+    filling = (s.gpu_mem_rate > 0 or s.d_fraction >= th.filling_d_fraction) and (bool(s.gpu_indexes) or s.age_s >= th.startup_cpu_s)
     reading = filling and ((s.read_per_s or 0) >= th.load_read_per_s or (s.rchar_per_s or 0) >= th.load_rchar_per_s)
     # a slow reader: bytes from the disk in bursts with sleeps between, long past start-up
     slow_reading = (s.io_long_per_s or 0) >= th.load_read_per_s and s.io_active_s >= th.io_sustained_s and \
@@ -59,7 +59,7 @@ def classify(s: ProcSignals, ctx: Context, th: Thresholds) -> Reading:
     if v.kind == "graph_capture":
         return Reading(Local.GRAPH_CAPTURE, f"its stack is capturing a CUDA graph ({v.frame})")
     growing = min(s.gpu_mem_rate, s.gpu_mem_rate_before) >= th.capture_growth_per_s
-    saturated = (g.util or 0) >= 98 and (g.sm or 0) >= 75
+    saturated = (g.util or 0) >= th.saturated_util_pct and (g.sm or 0) >= th.saturated_sm_pct
     if g.active(th) and ("graph_capture" in s.log_kinds or (growing and not saturated)):
         why = "its log says it captures CUDA graphs" if "graph_capture" in s.log_kinds else \
             f"GPU memory growing {s.gpu_mem_rate / 1e6:.0f} MB/s while the GPU runs short bursts"
@@ -68,7 +68,7 @@ def classify(s: ProcSignals, ctx: Context, th: Thresholds) -> Reading:
         return Reading(Local.BUSY, (f"GPU working: tensor {g.tensor or 0:.0f}%, DRAM {g.dram or 0:.0f}%, NVLink "
                                     f"{g.nvlink_mibs or 0:.0f} MiB/s, {g.power_w or 0:.0f} W") if g.has_gpm else
                        f"GPU working: util {g.util or 0:.0f}%, memory controller {g.util_mem or 0:.0f}%")
-    if v.kind == "compiling" or "compiling" in s.log_kinds or (s.compile_children > 0 and (s.cpu_cores or 0) >= 0.3):
+    if v.kind == "compiling" or "compiling" in s.log_kinds or (s.compile_children > 0 and (s.cpu_cores or 0) >= th.compile_cpu_cores):
         why = f"its stack is compiling ({v.frame})" if v.kind == "compiling" else \
             f"{s.compile_children} compiler processes under it" if s.compile_children else "its log says it compiles"
         return Reading(Local.COMPILING, why)
@@ -79,12 +79,12 @@ def classify(s: ProcSignals, ctx: Context, th: Thresholds) -> Reading:
                        f"spinning on the GPU: util {g.util or 0:.0f}% with the memory controller idle")
     if v.kind in WAIT_VERDICTS:
         return Reading(Local.WAITING, f"its stack is {v.why}: {v.frame}")
-    if not s.gpu_indexes and (s.cpu_cores or 0) >= 0.02 and ctx.progressed_recently:
+    if not s.gpu_indexes and (s.cpu_cores or 0) >= th.cpu_active_cores and ctx.progressed_recently:
         return Reading(Local.BUSY, f"on CPU ({s.cpu_cores or 0:.1f} cores) and progressing: {ctx.progress_why}")
     if v.kind == "request_wait" or (s.wchan or "") in REQUEST_WCHANS:
         return Reading(Local.SERVING, f"its stack is {v.why} ({v.frame})" if v.kind == "request_wait"
                        else f"sleeping in {s.wchan}: waiting for requests")
-    if s.d_fraction >= 0.5:
+    if s.d_fraction >= th.io_wait_d_fraction:
         return Reading(Local.IO_WAIT, f"in uninterruptible I/O (wchan {s.wchan})")
     if (s.cpu_cores or 0) >= th.busy_cpu_cores and s.state == "R":
         # the main thread runs; a side thread alone (a dump being written) is not the job working

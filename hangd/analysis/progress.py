@@ -93,7 +93,7 @@ class ProgressBook:
         if s.log_grew_at is not None and t - s.log_grew_at <= th.window_s:
             self.credit(pid, s.log_grew_at, "it wrote to its log", strong=True)
         if not s.gpu_indexes and (s.rchar_per_s or 0) + (s.wchar_per_s or 0) >= th.socket_char_per_s and \
-                (s.cpu_cores or 0) >= 0.02:
+                (s.cpu_cores or 0) >= th.cpu_active_cores:
             # read/write syscalls also count file reads (imports, a dump being written): only data
             # moving for a while, as a CPU job's collectives do step after step, is progress
             if p.chars_since is None:

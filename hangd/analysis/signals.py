@@ -16,7 +16,6 @@ from typing import Any
 
 from hangd.snapshot import FileSample, GpuSample, ProcInfo, ProcSample, Snapshot, StackSample
 
-HISTORY_S = 120.0
 COMPILE_COMMS = re.compile(r"^(ptxas|cc1|cc1plus|nvcc|cicc|gcc|g\+\+|clang|ld|as|ninja|compile_worker|triton)", re.I)
 MiB = 1024 * 1024
 GiB = 1024 * MiB
@@ -52,6 +51,14 @@ class Thresholds:
     gpu_mem_change_bytes: float = 64 * MiB
     capture_growth_per_s: float = 200 * MiB  # sustained over two windows; allocator warm-up is shorter
     busy_cpu_cores: float = 0.5
+    cpu_active_cores: float = 0.02  # below this a process does nothing on the CPU
+    compile_cpu_cores: float = 0.3  # ... with compiler processes under it: compiling
+    compile_worker_cores: float = 0.1  # a compile worker counts while it uses this much
+    filling_d_fraction: float = 0.25  # share of readings in disk wait that says data is being loaded
+    io_wait_d_fraction: float = 0.5  # ... that says it is stuck in I/O when nothing moves
+    saturated_util_pct: float = 98.0  # a saturated GPU (util and SM): work, not graph capture
+    saturated_sm_pct: float = 75.0
+    gpu_seen_s: float = 10.0  # a process's GPU memory counts while NVML listed it this recently
     # decisions
     progress_recent_s: float = 5.0  # a rank progressed "recently" within this
     hang_gpu_s: float = 10.0  # no progress while a rank spins in a GPU collective
@@ -74,6 +81,7 @@ class Thresholds:
     orphan_gpu_s: float = 5.0
     unattributed_gpu_bytes: float = 2 * GiB
     unattributed_gpu_s: float = 30.0
+    unattributed_base_bytes: float = 1 * GiB  # GPU memory in use with no process: up to this is the driver's
     verdict_fresh_s: float = 60.0  # a stack verdict describes its process at most this long
     verdict_known_s: float = 300.0  # the last known kind of wait, for telling a cycling wait from a stuck one
     stack_recapture_s: float = 300.0  # a quiet job's stacks are taken again this often
@@ -165,7 +173,8 @@ class ProcHistory:
 class NodeView:
     """The recent history of a node, fed one snapshot at a time."""
 
-    def __init__(self) -> None:
+    def __init__(self, th: Thresholds | None = None) -> None:
+        self.th = th or Thresholds()
         self.t = 0.0
         self.procs: dict[int, ProcHistory] = {}
         self.gpus: dict[int, deque[tuple[float, GpuSample]]] = {}
@@ -254,7 +263,7 @@ class NodeView:
             if len(h.samples) >= 2:
                 (t0, a), (t1, b) = h.samples[-2], h.samples[-1]
                 if None in (a.utime, a.stime, b.utime, b.stime) or t1 <= t0 or \
-                        ((b.utime + b.stime) - (a.utime + a.stime)) / 100.0 / (t1 - t0) < 0.1:  # type: ignore[operator]
+                        ((b.utime + b.stime) - (a.utime + a.stime)) / 100.0 / (t1 - t0) < self.th.compile_worker_cores:  # type: ignore[operator]
                     continue
             elif lp.comm and not COMPILE_COMMS.search(lp.comm):
                 continue
@@ -304,7 +313,7 @@ class NodeView:
         st.size = f.size
 
     def _trim(self, t: float) -> None:
-        for pid in [p for p, h in self.procs.items() if h.gone_at is not None and t - h.gone_at > HISTORY_S]:
+        for pid in [p for p, h in self.procs.items() if h.gone_at is not None and t - h.gone_at > self.th.gone_process_s]:
             del self.procs[pid]
 
     # ------------------------------------------------------------------ queries
@@ -513,7 +522,7 @@ def proc_signals(view: NodeView, pid: int, t: float, th: Thresholds) -> ProcSign
         ds = [p.state == "D" or (p.thread_states or {}).get("D", 0) > 0 for _, p in win[1:]]
         sig.d_fraction = sum(ds) / len(ds) if ds else 0.0
     gpus = view.gpu_of.get(pid, {})
-    if gpus and t - view.gpu_seen_at.get(pid, -1e9) < 10:
+    if gpus and t - view.gpu_seen_at.get(pid, -1e9) < th.gpu_seen_s:
         sig.gpu_indexes = sorted(gpus)
         sig.gpu_mem = sum(v or 0 for v in gpus.values())
         main = max(gpus, key=lambda i: gpus[i] or 0)

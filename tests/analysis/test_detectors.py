@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .builders import P, Node, torchrun_env
+from .builders import Node, P, torchrun_env
 
 COLL = [("torch/distributed/distributed_c10d.py", "broadcast_object_list"), ("server.py", "loop")]
 EVENT = [("threading.py", "wait"), ("server.py", "start")]

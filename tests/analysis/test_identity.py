@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .builders import P, Node, torchrun_env
+from .builders import Node, P, torchrun_env
 
 GPU_MEM = 20 << 30
 

@@ -35,7 +35,7 @@ def step(env: Env, jv: JobView, orphans: set[int]) -> None:
     sigs = jv.sigs
     holding = jv.by_rank({p for p in orphans if (s := sigs.get(p)) is not None and s.gpu_mem > 0})
     zombies = [p for p in job.pids if (h := view.procs.get(p)) and h.zombie_since and t - h.zombie_since >= env.th.orphan_gpu_s
-               and p in view.gpu_of and t - view.gpu_seen_at.get(p, -1e9) < 5]
+               and p in view.gpu_of and t - view.gpu_seen_at.get(p, -1e9) < env.th.orphan_gpu_s]
     holding += [p for p in zombies if p not in holding]
     if holding and inc is None:
         inc = env.book.open_incident(IncidentKind.ORPHANED_GPU_MEMORY, job.id, t)
@@ -73,7 +73,7 @@ def unattributed(env: Env, since: dict[int, float], t: float) -> None:
         if g.mem_used is None:
             continue
         held = sum(p.used or 0 for p in g.procs)
-        base = min(env.view.gpu_baseline.get(idx, g.mem_used), 1 * GiB)
+        base = min(env.view.gpu_baseline.get(idx, g.mem_used), th.unattributed_base_bytes)
         extra = g.mem_used - held - base
         key = f"gpu:{idx}"
         inc = env.book.get(key, FAMILY)
