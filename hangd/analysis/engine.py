@@ -482,7 +482,9 @@ class Analyzer:
             p.pending = None
             p.reason = reason
             return None
-        immediate = p.state is None or state in (State.HUNG, State.ORPHANED)
+        # hung is said at once (the incident says it too); orphaned holds for the dwell like the rest:
+        # a job torn down rank by rank has its launcher gone a moment before its ranks
+        immediate = p.state is None or state == State.HUNG
         if not immediate:
             if p.pending != state:
                 p.pending, p.pending_since = state, t
