@@ -320,7 +320,6 @@ def test_shared_log_growth_is_not_progress(obs: Observer, launch, tmp_path: Path
     ranks = job.wait_ready(2, obs)
     stuck_at = float(job.wait_log(r"culprit: waiting .*\(t=([\d.]+)\)", 60, obs).group(1))
     obs.watch(DETECT_S, until=_hang_of(obs, job))
-    hangs = obs.incidents_of(job.pids, HANG_KINDS)
     opened = time.time()
     size0 = shared.stat().st_size
     obs.watch(20)  # the writer keeps writing: the incident must stay open
