@@ -196,6 +196,17 @@ def brief(incs: list[dict]) -> list[dict]:
     return [{k: i.get(k) for k in keys} for i in incs]
 
 
+def explain(obs: Observer, incs: list[dict]) -> dict[int, dict]:
+    """Per incident, what hangd said about each rank: its local reading, why, and its stack's top."""
+    out: dict[int, dict] = {}
+    for inc in incs:
+        ev = obs.detail(inc).get("evidence", {})
+        out[inc["id"]] = {r: {"local": p.get("local"), "why": str(p.get("why"))[:160],
+                              "stack": (ev.get("stacks", {}).get(r) or {}).get("frames", [])[:3]}
+                          for r, p in ev.get("processes", {}).items()}
+    return out
+
+
 def job_keys(entries: list[dict]) -> list[tuple[str, dict]]:
     out: list[tuple[str, dict]] = []
     for e in entries:
@@ -275,13 +286,16 @@ def test_back_to_back_healthy_jobs_then_a_deadlock(obs: Observer, launch) -> Non
     report("back-to-back", ranks=ranks, comm=comms, healthy_jobs=h_jobs, healthy_processes=[sorted(x) for x in h_procs],
            healthy_incidents=[brief(i) for i in h_incs], deadlock_ranks=dranks, deadlock_jobs=dead_jobs,
            deadlock_incidents=brief(obs.incidents_of(dead.pids)),
-           latency_s=[round(i["opened_at"] - stuck_at, 1) for i in hangs],
+           latency_s=[round(i["opened_at"] - stuck_at, 1) for i in hangs], hang_detail=explain(obs, hangs),
            rank_exited=brief(obs.incidents_of(set().union(*(lw.pids for lw in (*healthy, dead))), ("rank_exited",))))
 
     # each healthy job: its own job, ranks 0 and 1, nothing reported
     for i, r in enumerate(ranks):
         assert h_jobs[i], f"healthy job {i + 1} never showed in /jobs"
-        assert all(rk == {"0": r[0], "1": r[1]} for _, rk in h_jobs[i]), (f"job {i + 1}'s ranks are not 0 and 1", h_jobs[i])
+        # a tick may catch one rank before the other starts or after it exits: a subset is fine
+        want = {"0": r[0], "1": r[1]}
+        assert want in [rk for _, rk in h_jobs[i]] and all(rk.items() <= want.items() for _, rk in h_jobs[i]), \
+            (f"job {i + 1}'s ranks are not 0 and 1", h_jobs[i])
         rank_of = {pid: rk for rk, pid in r.items()}
         assert all(p["rank"] == rank_of[p["pid"]] for p in obs.procs_of(set(r.values()))), h_procs[i]
     assert not {k for k, _ in h_jobs[0]} & {k for k, _ in h_jobs[1]}, ("the second job has the first job's key", h_jobs)
@@ -306,7 +320,6 @@ def test_shared_log_growth_is_not_progress(obs: Observer, launch, tmp_path: Path
     ranks = job.wait_ready(2, obs)
     stuck_at = float(job.wait_log(r"culprit: waiting .*\(t=([\d.]+)\)", 60, obs).group(1))
     obs.watch(DETECT_S, until=_hang_of(obs, job))
-    hangs = obs.incidents_of(job.pids, HANG_KINDS)
     opened = time.time()
     size0 = shared.stat().st_size
     obs.watch(20)  # the writer keeps writing: the incident must stay open
@@ -316,7 +329,7 @@ def test_shared_log_growth_is_not_progress(obs: Observer, launch, tmp_path: Path
     statuses = {i["id"]: sorted({s for t, s in obs.statuses[i["id"]] if t >= opened}) for i in hangs}
     report("shared-log", ranks=ranks, incidents=brief(obs.incidents_of(job.pids | writer.pids)), statuses=statuses,
            jobs=job_keys(obs.jobs_of(set(ranks.values()))), log_growth_bytes_in_20s=grown,
-           latency_s=[round(i["opened_at"] - stuck_at, 1) for i in hangs])
+           latency_s=[round(i["opened_at"] - stuck_at, 1) for i in hangs], hang_detail=explain(obs, hangs))
     assert len(hangs) == 1, ("no single hang incident while another process wrote the job's log",
                              brief(obs.incidents_of(job.pids)))
     assert statuses[hangs[0]["id"]] == ["open"], ("the incident did not stay open", statuses, brief(hangs))
@@ -347,7 +360,7 @@ def test_slow_reader_is_not_a_hang(obs: Observer, launch, big_file: Path) -> Non
     obs.watch(120, until=lambda: job.popen.poll() is not None)
     incs = obs.incidents_of(job.pids)
     io_lines = re.findall(r"io (?:before|after) .*", job.log())
-    report("slow-reader", ranks=ranks, io=io_lines, incidents=brief(incs), jobs=job_keys(obs.jobs_of(set(ranks.values()))),
+    report("slow-reader", ranks=ranks, io=io_lines, incidents=brief(incs), detail=explain(obs, incs), jobs=job_keys(obs.jobs_of(set(ranks.values()))),
            states=sorted({(p["rank"], p["state"]) for p in obs.procs_of(set(ranks.values()))}))
     assert job.popen.returncode == 0, job.log()[-3000:]
     assert len(io_lines) == 2 and "disk read_bytes 0 MB/s" not in io_lines[1], ("the reads did not reach the disk", io_lines)
@@ -433,7 +446,7 @@ def test_server_hung_at_startup_blames_rank_0(obs: Observer, launch) -> None:
     hangs = obs.incidents_of(srv.pids, HANG_KINDS)
     report("server-hang", ranks=ranks, launcher=srv.popen.pid, dist_env=env_leak, comm=comms,
            incidents=brief(obs.incidents_of(srv.pids)), jobs=job_keys(obs.jobs_of(srv.pids)),
-           latency_s=[round(i["opened_at"] - stuck_at, 1) for i in hangs])
+           latency_s=[round(i["opened_at"] - stuck_at, 1) for i in hangs], hang_detail=explain(obs, hangs))
     assert env_leak == {0: [], 1: []}, env_leak
     assert len(hangs) == 1, brief(obs.incidents_of(srv.pids))
     assert hangs[0]["culprit_ranks"] == [0] and hangs[0]["culprit_pids"] == [ranks[0]], brief(hangs)
