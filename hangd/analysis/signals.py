@@ -42,7 +42,7 @@ class Thresholds:
     io_window_s: float = 6.0  # disk I/O is judged over this longer window: a slow reader reads in bursts
     io_sustained_s: int = 2  # ... and counts as progress when it moved in this many distinct seconds of it
     io_sustain_s: float = 3.0  # read/write syscalls must go on this long to count (a dump being written is shorter)
-    wake_window_s: float = 12.0  # main-thread wake-ups are counted over this window (sleepers are read rarely)
+    wake_window_s: float = 3.0  # main-thread wake-ups are counted over this window
     wake_per_s: float = 3.0  # a rank blocked in a collective whose main thread wakes this often: they complete
     load_read_per_s: float = 20 * MiB
     load_rchar_per_s: float = 200 * MiB

@@ -276,9 +276,11 @@ class ProcSource:
         prev = self._last.get(pid)
         if prev is not None and prev[0] == key and now - prev[1] < QUIET_REFRESH_S and s.state != "D":
             old = prev[2]
-            s.voluntary_ctxt_switches, s.nonvoluntary_ctxt_switches = old.voluntary_ctxt_switches, old.nonvoluntary_ctxt_switches
             s.swap_bytes, s.wchan = old.swap_bytes, old.wchan
-            # the I/O counters are read every tick: whose write a log's growth was needs them
+            # The I/O counters and context switches are read every tick even so: whose write a log's
+            # growth was needs the first, and a collective that completes 20 times a second on a few
+            # microseconds of CPU (an idle server's loop) shows only in the second.
+            self._read_status(pid, s)
             io = _read(self._p(pid, "io"))
             s.io = {k: int(v) for k, v in parse_kv(io).items() if v.isdigit()} if io else old.io
             s.thread_states = dict(old.thread_states) if old.thread_states else None
@@ -287,7 +289,7 @@ class ProcSource:
         self._last[pid] = (key, now, s)
         return s
 
-    def _read_details(self, pid: int, s: ProcSample) -> None:
+    def _read_status(self, pid: int, s: ProcSample) -> None:
         for line in (_read(self._p(pid, "status")) or "").splitlines():
             if line.startswith(("voluntary_ctxt", "nonvoluntary_ctxt", "VmSwap")):
                 key, _, val = line.partition(":")
@@ -297,6 +299,9 @@ class ProcSource:
                         s.swap_bytes = int(v[0]) * 1024
                     else:
                         setattr(s, key, int(v[0]))
+
+    def _read_details(self, pid: int, s: ProcSample) -> None:
+        self._read_status(pid, s)
         io = _read(self._p(pid, "io"))
         if io:
             s.io = {k: int(v) for k, v in parse_kv(io).items() if v.isdigit()}
