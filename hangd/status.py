@@ -55,7 +55,8 @@ def collect_status(settings: Settings, seconds: float = 2.0) -> dict[str, Any]:
         grew = [f.grew_at for f in logs if f is not None and f.grew_at is not None]
         if "nvml" in snap.unavailable:
             st = {**st, "gpu_mem_bytes": None}  # GPUs unseen: their memory is unknown, not 0 B
-        procs.append({**st, "for_s": round(now - st["since"], 1),
+        procs.append({**st, "for_s": round(now - st["since"], 1), "since_iso": iso_field(st["since"]),
+                      "last_progress_iso": iso_field(st.get("last_progress")),
                       "command": command_line(info.cmdline) if info else None,
                       "log_growing": bool(grew) and now - max(grew) <= 5.0,
                       "cpu_cores": sig.cpu_cores if sig else None})
