@@ -52,7 +52,8 @@ def collect_status(settings: Settings, seconds: float = 2.0) -> dict[str, Any]:
         if "nvml" in snap.unavailable:
             st = {**st, "gpu_mem_bytes": None}  # GPUs unseen: their memory is unknown, not 0 B
         cmd = an.cmdline(st["pid"])
-        procs.append({**st, "for_s": round(now - st["since"], 1),
+        procs.append({**st, "for_s": round(now - st["since"], 1), "since_iso": iso_field(st["since"]),
+                      "last_progress_iso": iso_field(st.get("last_progress")),
                       "command": command_line(cmd) if cmd else None,
                       "log_growing": grew is not None and now - grew <= 5.0})
     return {"t": now, "t_iso": iso_field(now), "gpus": gpus, "gpus_unseen": gpus_unseen(snap.unavailable),

@@ -90,6 +90,7 @@ def test_blind_node_with_a_job_still_reports_it_exits_0_and_shows_its_command(bl
     proc = next(p for p in doc["processes"] if p["pid"] == job.pid)
     assert proc["command"] == "proj/train.py --lr 1"  # not the interpreter's path cut short
     assert proc["gpu_mem_bytes"] is None  # unknown while the GPUs cannot be seen, not 0 B
+    assert isinstance(proc["since"], float) and proc["since_iso"].startswith(iso_local(proc["since"])[:19])
     row = next(line for line in out.stdout.splitlines() if f" {job.pid} " in line)
     assert "proj/train.py --lr 1" in row and sys.executable not in row
 

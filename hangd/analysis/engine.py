@@ -145,7 +145,9 @@ class Analyzer:
                 pr = self.progress.of(pid)
                 out.append({"pid": pid, "rank": job.ranks[pid], "rank_from": job.rank_source.get(pid), "job": job.id,
                             "state": str(p.state), "since": round(p.since, 3), "reason": p.reason,
-                            "gpus": s.gpu_indexes if s else [], "gpu_mem_bytes": s.gpu_mem if s else None,
+                            "gpus": s.gpu_indexes if s else [],
+                            # missing is not zero: without any GPU reading, GPU memory is unknown
+                            "gpu_mem_bytes": s.gpu_mem if s and self.view.gpus else None,
                             "cpu_cores": round(s.cpu_cores, 2) if s and s.cpu_cores is not None else None,
                             "last_progress": round(pr.last, 3) if pr.last else None,
                             "last_progress_why": pr.why, "command": self._command(pid),

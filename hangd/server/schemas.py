@@ -73,6 +73,16 @@ class ProcessOut(BaseModel):
     last_progress_why: str = ""
     command: str | None = None
 
+    @computed_field(description="since as ISO-8601 (local time with offset)")  # type: ignore[prop-decorator]
+    @property
+    def since_iso(self) -> str | None:
+        return iso_field(self.since)
+
+    @computed_field(description="last_progress as ISO-8601 (local time with offset)")  # type: ignore[prop-decorator]
+    @property
+    def last_progress_iso(self) -> str | None:
+        return iso_field(self.last_progress)
+
 
 class JobOut(BaseModel):
     job: str

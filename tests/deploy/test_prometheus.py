@@ -142,7 +142,7 @@ def stack(tmp_path_factory):
                 alerts_seen += [x for x in a if x["state"] == "firing"]
                 if s.get("/readyz").json()["detail"].startswith("replay finished") and alerts_seen:
                     break
-            except httpx.HTTPError:
+            except (httpx.HTTPError, ValueError):  # Prometheus answers 503 in plain text while it starts
                 pass
             time.sleep(1)
         yield {"prom": base, "hangd": s, "alerts": alerts_seen, "start": time.time() - 160, "tmp": tmp}
