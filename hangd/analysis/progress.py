@@ -92,7 +92,10 @@ class ProgressBook:
                         f"{th.io_window_s:.0f} s", strong=True)
         if s.log_grew_at is not None and t - s.log_grew_at <= th.window_s:
             self.credit(pid, s.log_grew_at, "it wrote to its log", strong=True)
-        if not s.gpu_indexes and (s.rchar_per_s or 0) + (s.wchar_per_s or 0) >= th.socket_char_per_s and \
+        # a rank whose main thread stays blocked in a collective or the store is not moving data for
+        # the job: a side thread is (a flight-recorder dump importing modules and writing its file)
+        blocked = last_wait in ("collective", "store")
+        if not s.gpu_indexes and not blocked and (s.rchar_per_s or 0) + (s.wchar_per_s or 0) >= th.socket_char_per_s and \
                 (s.cpu_cores or 0) >= th.cpu_active_cores:
             # read/write syscalls also count file reads (imports, a dump being written): only data
             # moving for a while, as a CPU job's collectives do step after step, is progress
@@ -102,7 +105,7 @@ class ProgressBook:
                 self.credit(pid, t, "it moves data (read/write syscalls)", strong=False)
         else:
             p.chars_since = None
-        if s.rss_change is not None and abs(s.rss_change) >= th.rss_change_bytes:
+        if s.rss_change is not None and abs(s.rss_change) >= th.rss_change_bytes and not blocked:
             self.credit(pid, t, f"host memory changed by {s.rss_change / GiB:+.2f} GiB", strong=False)
         if last_wait in COLLECTIVE_WAITS and (s.wakes_per_s or 0) >= th.wake_per_s:
             # blocked in a collective, yet its main thread keeps waking: the collectives complete
