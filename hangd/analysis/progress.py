@@ -92,9 +92,9 @@ class ProgressBook:
                         f"{th.io_window_s:.0f} s", strong=True)
         if s.log_grew_at is not None and t - s.log_grew_at <= th.window_s:
             self.credit(pid, s.log_grew_at, "it wrote to its log", strong=True)
-        # a rank whose main thread stays blocked in a collective or the store is not moving data for
+        # a rank whose main thread stays blocked (a collective, the store, an event) is not moving data for
         # the job: a side thread is (a flight-recorder dump importing modules and writing its file)
-        blocked = last_wait in ("collective", "store")
+        blocked = last_wait in ("collective", "store", "lock_wait")
         if not s.gpu_indexes and not blocked and (s.rchar_per_s or 0) + (s.wchar_per_s or 0) >= th.socket_char_per_s and \
                 (s.cpu_cores or 0) >= th.cpu_active_cores:
             # read/write syscalls also count file reads (imports, a dump being written): only data
