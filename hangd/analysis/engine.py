@@ -131,6 +131,10 @@ class Analyzer:
     def has_adopted(self) -> bool:
         return bool(self.book.adopted)
 
+    def forgotten(self) -> dict[str, int]:
+        """Counts of what was dropped from memory to keep it bounded (the store keeps history)."""
+        return {**self.dropped, "incidents": self.book.dropped}
+
     def job_pids(self) -> list[int]:
         return [p for j in self.job_defs.values() for p in j.pids]
 

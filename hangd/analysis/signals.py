@@ -209,10 +209,12 @@ class NodeView:
             if h.first_ppid is None:
                 h.first_ppid = info.ppid
         for p in snap.procs:
-            h = self._proc(p.pid, t)
             if p.gone:
-                h.gone_at = h.gone_at or t
+                gone = self.procs.get(p.pid)
+                if gone is not None:  # a process never seen (or long forgotten) leaves no history
+                    gone.gone_at = gone.gone_at or t
                 continue
+            h = self._proc(p.pid, t)
             h.gone_at = None
             if h.first_ppid is None:
                 h.first_ppid = p.ppid

@@ -210,6 +210,14 @@ class HangdCollector(Collector):
         yield from self.d.tick_histogram.collect()
         yield CounterMetricFamily("hangd_ticks", "Ticks run since start.", value=float(self.d.ticks))
         yield CounterMetricFamily("hangd_tick_failures", "Ticks that failed since start.", value=float(self.d.tick_failures))
+        with self.d.lock:
+            forgotten = self.d.analyzer.forgotten()
+        fc = CounterMetricFamily("hangd_analysis_forgotten", "What the analysis dropped from memory to stay bounded "
+                                 "(the store keeps the history): state changes, findings, resolved incidents, "
+                                 "processes and jobs long gone.", labels=["what"])
+        for what, n in sorted(forgotten.items()):
+            fc.add_metric([what], float(n))
+        yield fc
         yield GaugeMetricFamily("hangd_store_pending_batches", "Writes queued because the store could not take them.",
                                 value=float(len(self.d.store.pending)))
         yield CounterMetricFamily("hangd_store_write_failures", "Store writes that failed (and will be retried).",

@@ -153,3 +153,30 @@ def test_a_rank_that_exits_while_its_peer_keeps_working_is_not_rank_exited():
     node.kill(12)
     node.run(30)  # rank 0 keeps working (saving a checkpoint, its last steps)
     assert node.kinds() == []
+
+
+def test_memory_stays_bounded_under_job_churn():
+    """A new short job every few seconds for a long while: what the analysis holds stays bounded,
+    gone processes leave the views, and what was dropped is counted."""
+    from hangd.analysis.engine import Analyzer
+    from hangd.analysis.signals import Thresholds
+
+    an = Analyzer(Thresholds(gone_process_s=10.0, max_changes_in_memory=200, serve_job_quiet_s=10.0))
+    node = Node([], analyzer=an)
+    pid = 1000
+    for _ in range(60):
+        launcher, ranks = pid, [pid + 1, pid + 2]
+        node.procs[launcher] = P(launcher, 1)
+        for i, r in enumerate(ranks):
+            node.procs[r] = P(r, launcher, torchrun_env(i, 2, port=pid), look="work", gpu=i)
+        node.run(2)
+        for p in (launcher, *ranks):
+            node.kill(p)
+        node.run(1)
+        pid += 10
+    node.run(15)
+    assert len(an.tracks) <= 10 and len(an.job_tracks) <= 5, (len(an.tracks), len(an.job_tracks))
+    assert len(an.view.procs) <= 10
+    assert len(an.changes) <= 200
+    assert not [p for p in an.processes() if p["state"] != "gone"]
+    assert an.forgotten()["processes"] >= 100 and an.forgotten()["changes"] > 0  # 120 ranks came and went
