@@ -9,13 +9,13 @@ router = APIRouter(tags=["health"])
 
 
 @router.get("/healthz", response_model=Health, summary="The process is alive")
-def healthz() -> Health:
+async def healthz() -> Health:  # async: answered on the event loop, never queued behind busy threads
     return Health(status="ok")
 
 
 @router.get("/readyz", response_model=Health, summary="The loop runs and has sampled the node",
             responses={503: {"model": Health}})
-def readyz(daemon: DaemonDep, response: Response) -> Health:
+async def readyz(daemon: DaemonDep, response: Response) -> Health:  # reads flags only: never blocks
     ok, why = daemon.ready()
     if not ok:
         response.status_code = 503
