@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import errno
 import json
 import logging
+import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
 
-from hangd.config import ConfigError, load_settings
+from hangd.config import ConfigError, Settings, load_settings, seconds_arg
 from hangd.exitcodes import CannotRun
 
 
@@ -36,31 +38,20 @@ def _setup_logging(json_logs: bool, level: str) -> None:
     logging.getLogger("alembic").setLevel(logging.WARNING)
 
 
-def _check_port_free(host: str, port: int) -> None:
-    """Fail before starting anything when the address is taken: exit 3 with one line, instead of
-    uvicorn's log and exit 1 after the loop already started."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: TIME_WAIT is not "busy"
-        try:
-            s.bind((host, port))
-        except OSError as e:
-            if e.errno == errno.EADDRINUSE:
-                raise CannotRun(f"listen {host}:{port}: address already in use. HINT: another hangd runs "
-                                f"(systemctl status hangd), or pick another port with --listen") from e
-            if e.errno == errno.EADDRNOTAVAIL:
-                raise ConfigError(f"listen {host}:{port}: no such address on this host") from e
-            if e.errno == errno.EACCES:
-                raise CannotRun(f"listen {host}:{port}: permission denied. HINT: ports below 1024 need root") from e
-            raise CannotRun(f"listen {host}:{port}: {e.strerror}") from e
+class ServeError(CannotRun):
+    """hangd cannot run here now (the port is taken, the database is in use): exit status 3."""
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
+    try:
+        return _serve(args)
+    except ServeError as e:
+        print(f"hangd: {e}", file=sys.stderr)
+        return 3
 
-    from hangd.server.app import create_app
-    from hangd.server.runtime import Daemon
-    from hangd.store.db import Store
+
+def _serve(args: argparse.Namespace) -> int:
+    from hangd.server import http
 
     s = load_settings(flags={"listen": args.listen, "db": args.db, "interval": args.interval, "replay": args.replay,
                              "speed": args.speed, "log_json": args.log_json or None, "token_file": args.token_file},
@@ -70,52 +61,98 @@ def cmd_serve(args: argparse.Namespace) -> int:
     loopback = s.is_loopback()
     if not loopback and not token:
         raise ConfigError(f"listen {s.listen}: off loopback hangd needs a token (HANGD_TOKEN or --token-file)")
+    tmpdir: str | None = None
     if s.replay:
         from hangd.trace import TraceError, TraceReader
-        try:
-            TraceReader(s.replay)
+        try:  # read it all now: a malformed trace is one line at start, not a dead loop later
+            TraceReader(s.replay).check()
         except TraceError as e:
             raise ConfigError(str(e)) from e
-    _check_port_free(host, port)
+        if args.db is None:
+            # a replay is an experiment: it never writes into the node's own store unless told to
+            tmpdir = tempfile.mkdtemp(prefix="hangd-replay-")
+            s.db = f"sqlite:///{os.path.join(tmpdir, 'replay.db')}"
+    try:
+        try:
+            sock = http.bind(host, port)
+        except OSError as e:
+            raise ServeError(f"listen {host}:{port}: {e.strerror or e} (is another hangd or another service there?)") from e
+        try:
+            return _run(s, sock, token, loopback, temp_db=tmpdir is not None)
+        finally:
+            sock.close()
+    finally:
+        if tmpdir is not None:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def _run(s: Settings, sock: socket.socket, token: str | None, loopback: bool, temp_db: bool) -> int:
+    import uvicorn
+
+    from hangd.server import http
+    from hangd.server.app import create_app
+    from hangd.server.runtime import Daemon
+    from hangd.store.db import Store, StoreInUse
+
     _setup_logging(s.log_json, s.log_level)
     log = logging.getLogger("hangd.serve")
     try:
-        store = Store(s.db)
+        store = Store(s.db, exclusive=True)
+    except StoreInUse as e:
+        raise ServeError(str(e)) from e
     except Exception as e:  # noqa: BLE001 - one line for the operator, not a traceback
-        raise ConfigError(f"db {s.db}: {type(e).__name__}: {str(e).splitlines()[0]}") from e
-    daemon = Daemon(s, store=store)
-    app = create_app(daemon, token=token, loopback=loopback)
-    daemon.start()
-    log.info("hangd serving on http://%s:%d (%s, db %s)", host, port, f"replay {s.replay}" if s.replay else "live",
-             s.db.split("@")[-1])
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="off",
-                            limit_concurrency=64, timeout_keep_alive=5)
-    server = uvicorn.Server(config)
-
-    def stop(*_: Any) -> None:
-        server.should_exit = True
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+        raise ConfigError(f"db {_shown_db(s.db)}: {type(e).__name__}: {str(e).splitlines()[0]}") from e
     try:
-        server.run()
+        daemon = Daemon(s, store=store)
+        app = create_app(daemon, token=token, loopback=loopback)
+        max_conn = http.raise_fd_limit()
+        server = uvicorn.Server(http.server_config(app, max_conn))
+
+        def stop(*_: Any) -> None:
+            server.should_exit = True
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        daemon.start()
+        host, port = sock.getsockname()[:2]
+        # the socket is bound and listening: connections queue from now on
+        log.info("hangd serving on http://%s:%d (%s, db %s%s)", host, port,
+                 f"replay {s.replay}" if s.replay else "live", _shown_db(s.db),
+                 ", temporary: pass --db to keep the replay's results" if temp_db else "")
+        try:
+            server.run(sockets=[sock])
+        finally:
+            daemon.shutdown()
+            store.stop_writer()
+            t0 = time.time()
+            while store.pending and time.time() - t0 < 5:
+                store.submit_flush()
     finally:
-        daemon.shutdown()
-        t0 = time.time()
-        while daemon.store.pending and time.time() - t0 < 5:
-            daemon.store.submit_flush()
+        store.close()
     return 0
 
 
+def _shown_db(url: str) -> str:
+    """A database URL without its credentials."""
+    return url.split("@")[-1]
+
+
 def cmd_db(args: argparse.Namespace) -> int:
-    from hangd.store.db import downgrade, upgrade
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from hangd.store.db import MigrationError, downgrade, upgrade
 
     s = load_settings(flags={"db": args.db}, config_path=getattr(args, "config", None))
-    if args.db_cmd == "upgrade":
-        upgrade(s.db, args.revision)
-    else:
-        downgrade(s.db, args.revision)
-    where = s.db.split("@")[-1]  # never print a password of the URL
+    try:
+        if args.db_cmd == "upgrade":
+            upgrade(s.db, args.revision)
+        else:
+            downgrade(s.db, args.revision)
+    except MigrationError as e:
+        raise ConfigError(f"db {_shown_db(s.db)}: {e}") from e
+    except (SQLAlchemyError, OSError) as e:
+        raise ConfigError(f"db {_shown_db(s.db)}: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from e
+    where = _shown_db(s.db)  # never print a password of the URL
     if args.json:
         print(json.dumps({"action": args.db_cmd, "db": where, "revision": args.revision}))
     else:
@@ -131,11 +168,12 @@ def add_commands(sub: Any, help_: Callable[[str, str], dict[str, Any]]) -> None:
         "  hangd serve\n  hangd serve --listen 0.0.0.0:9877 --token-file /etc/hangd/token\n"
         "  hangd serve --replay tests/data/traces/h200x2/nccl_stall --speed 2 --db sqlite:////tmp/h.db"))
     sv.add_argument("--listen", metavar="HOST:PORT", help="where to listen (default 127.0.0.1:9877), e.g. --listen 0.0.0.0:9877")
-    sv.add_argument("--db", metavar="URL", help="SQLAlchemy URL (default SQLite in /var/lib/hangd or ~/.local/share/hangd), "
-                    "e.g. --db postgresql+psycopg://hangd@db/hangd")
-    sv.add_argument("--interval", type=float, metavar="S", help="seconds between samples (default 1), e.g. --interval 0.5")
+    sv.add_argument("--db", metavar="URL", help="SQLAlchemy URL (default SQLite in /var/lib/hangd or ~/.local/share/hangd; "
+                    "with --replay a temporary database unless given), e.g. --db postgresql+psycopg://hangd@db/hangd")
+    sv.add_argument("--interval", type=seconds_arg(), metavar="S", help="seconds between samples (default 1), e.g. --interval 0.5")
     sv.add_argument("--replay", metavar="DIR", help="run on a recorded trace instead of the live node, e.g. --replay /tmp/trace")
-    sv.add_argument("--speed", type=float, metavar="N", help="with --replay: N times real time (default 1), e.g. --speed 10")
+    sv.add_argument("--speed", type=seconds_arg(0, 1e6, lo_open=False), metavar="N",
+                    help="with --replay: N times real time (default 1; 0: as fast as possible), e.g. --speed 10")
     sv.add_argument("--token-file", metavar="FILE", help="file holding the API token (or set HANGD_TOKEN), "
                     "e.g. --token-file /etc/hangd/token")
     sv.add_argument("--log-json", action="store_true", help="structured JSON logs, one object a line")

@@ -10,7 +10,8 @@ from fastapi import Depends, HTTPException, Request
 from hangd.server.runtime import Daemon
 
 
-def get_daemon(request: Request) -> Daemon:
+# async: a plain-def dependency runs on the thread pool, and /readyz must not wait for a thread
+async def get_daemon(request: Request) -> Daemon:
     return request.app.state.daemon
 
 
@@ -25,7 +26,7 @@ def is_authenticated(request: Request) -> bool:
     return hmac.compare_digest(given.encode(), token.encode())
 
 
-def require_auth(request: Request) -> None:
+async def require_auth(request: Request) -> None:
     if not is_authenticated(request):
         raise HTTPException(status_code=401, detail="a token is required: send 'Authorization: Bearer <token>'",
                             headers={"WWW-Authenticate": "Bearer"})

@@ -36,6 +36,7 @@ log = logging.getLogger("hangd.store")
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 MAX_PENDING = 20_000
 FILE_CHECK_EVERY_S = 2.0
+LOCK_CHECK_EVERY_S = 10.0
 # pg_try_advisory_lock key: "hangd" as an integer; one per database
 PG_LOCK_KEY = int.from_bytes(b"hangd", "big")
 LIST_FIELDS = ("evidence", "findings", "timeline")
@@ -240,6 +241,7 @@ class Store:
         # the database file as opened: (st_dev, st_ino); a file removed or replaced under hangd is noticed
         self._ident = self._file_ident()
         self._last_file_check = time.monotonic()
+        self._last_lock_check = time.monotonic()
         self.recreated = 0
         self._writer: threading.Thread | None = None
         self._wake = threading.Event()
@@ -362,8 +364,11 @@ class Store:
     def maintain(self) -> None:
         """The file check, the lock, and the queued writes; called by the writer (or the loop)."""
         self.check_file()
-        if self.lock is not None and not self.lock.alive():
-            self.healthy, self.last_error = False, "lost the connection that holds the database lock"
+        if self.lock is not None and time.monotonic() - self._last_lock_check >= LOCK_CHECK_EVERY_S:
+            self._last_lock_check = time.monotonic()
+            if not self.lock.alive():  # PostgreSQL restarted or the connection dropped: the lock went with it
+                log.error("lost the connection that holds the database lock; another hangd could now take the "
+                          "database (restart hangd to hold it again)")
         if self.pending or self._acks:
             with self._lock:
                 self._flush()

@@ -9,7 +9,7 @@ router = APIRouter(tags=["health"])
 
 
 @router.get("/healthz", response_model=Health, summary="The process is alive")
-def healthz() -> Health:
+async def healthz() -> Health:  # async: answered on the event loop, never queued behind busy threads
     return Health(status="ok")
 
 
@@ -17,7 +17,7 @@ def healthz() -> Health:
             description="`ok`; `degraded` (still serving, 200) when the store fails or the GPUs cannot be seen, "
                         "with the reason in `detail`; `not ready` (503) before the first sample.",
             responses={503: {"model": Health}})
-def readyz(daemon: DaemonDep, response: Response) -> Health:
+async def readyz(daemon: DaemonDep, response: Response) -> Health:  # reads flags only: never blocks
     ok, why = daemon.ready()
     if not ok:
         response.status_code = 503
