@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import traceback
 from collections.abc import Callable
 
 from hangd.analysis.engine import Analyzer, StateChange
@@ -34,6 +35,7 @@ class Loop:
         self.tick_seconds: list[float] = []
         self.ticks = 0
         self.tick_failures = 0
+        self.last_failure: tuple[float, str] | None = None  # (when, the exception's line)
         self.lock = lock or threading.RLock()
 
     def tick(self) -> tuple[Snapshot, list[StateChange], list[Incident]]:
@@ -61,6 +63,7 @@ class Loop:
                     on_tick(*out)
             except Exception:  # the loop outlives anything one tick throws
                 self.tick_failures += 1
+                self.last_failure = (time.time(), traceback.format_exc(limit=1).strip().splitlines()[-1][:300])
                 log.exception("tick failed")
             next_t += interval
             delay = next_t - time.monotonic()

@@ -59,6 +59,7 @@ class Analyzer:
         self.requests = Requests()
         self.signals: dict[int, ProcSignals] = {}
         self.dropped: dict[str, int] = {"changes": 0, "findings": 0, "processes": 0, "jobs": 0}
+        self.unreadable = 0  # evidence files (flight-recorder dumps) that could not be decoded
         self._pid_job: dict[int, str] = {}
         self._unattributed: dict[int, float] = {}
         self.env = Env(self.th, self.view, self.tracks, self.progress, self.book)
@@ -236,6 +237,7 @@ class Analyzer:
         by_job: dict[str, list[int]] = {}
         for d in snap.fr_dumps:
             if d.error is not None:
+                self.unreadable += 1
                 self._finding({"t": round(t, 3), "kind": "unreadable", "pid": d.pid, "rank": d.rank,
                                "message": f"{d.path}: {d.error}", "source": d.source})
                 continue

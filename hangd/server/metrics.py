@@ -212,6 +212,10 @@ class HangdCollector(Collector):
         yield CounterMetricFamily("hangd_tick_failures", "Ticks that failed since start.", value=float(self.d.tick_failures))
         with self.d.lock:
             forgotten = self.d.analyzer.forgotten()
+            unreadable = self.d.analyzer.unreadable
+        yield CounterMetricFamily("hangd_evidence_unreadable", "Evidence files (flight-recorder dumps) refused or "
+                                  "undecodable; each is reported as a finding and the analysis goes on.",
+                                  value=float(unreadable))
         fc = CounterMetricFamily("hangd_analysis_forgotten", "What the analysis dropped from memory to stay bounded "
                                  "(the store keeps the history): state changes, findings, resolved incidents, "
                                  "processes and jobs long gone.", labels=["what"])

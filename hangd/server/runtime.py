@@ -42,7 +42,8 @@ class Daemon:
         self.last_tick_at: float | None = None
         self.last_snapshot_t: float | None = None
         self.ticks = 0
-        self.tick_failures = 0
+        self._tick_failures = 0
+        self.last_failure: tuple[float, str] | None = None
         self.tick_seconds: list[float] = []
         self.tick_histogram = Histogram("hangd_tick_duration_seconds", "Cost of one sampling + analysis tick.",
                                         registry=None, buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5))
@@ -89,12 +90,25 @@ class Daemon:
                 self._record_tick(time.perf_counter() - t0)
                 self._after_tick(snap, changes, incidents)
             except Exception:
-                self.tick_failures += 1
+                self._tick_failures += 1
+                self.last_failure = (time.time(), "replay tick failed")
                 log.exception("replay tick failed")
         self.replay_done = True
         while not self.stop.wait(1.0):  # the store's writer catches up; a recreated file gets the open incidents
             if self.store.needs_rewrite:
                 self.store.submit(self._rewrite_batch(self.last_snapshot_t or time.time()))
+
+    @property
+    def tick_failures(self) -> int:
+        """Ticks that failed since start: the live loop's, or the replay's."""
+        return self.loop.tick_failures if self.loop is not None else self._tick_failures
+
+    def failing(self) -> str | None:
+        """Why ticks fail, while the newest tick failed (None when the last one worked)."""
+        last = self.loop.last_failure if self.loop is not None else self.last_failure
+        if last is None or (self.last_tick_at is not None and self.last_tick_at > last[0]):
+            return None
+        return f"ticks are failing ({self.tick_failures} since start): {last[1]}"
 
     def _record_tick(self, dt: float) -> None:
         self.tick_histogram.observe(dt)
@@ -188,4 +202,7 @@ class Daemon:
         unseen = self.gpus_unseen()
         if unseen:
             degraded.insert(0, unseen)
+        failing = self.failing()
+        if failing:
+            degraded.insert(0, failing)
         return True, ("degraded: " + "; ".join(degraded)) if degraded else "ok"
