@@ -112,6 +112,9 @@ class Settings(BaseModel):
     hang_gpu_s: Annotated[float, _seconds(0, DAY, lo_open=True)] = 10.0
     hang_host_s: Annotated[float, _seconds(0, DAY, lo_open=True)] = 12.0
     hang_io_s: Annotated[float, _seconds(0, DAY, lo_open=True)] = 30.0
+    # a process that exited stays listed (state "gone") in /processes and /jobs this long, then the
+    # analysis forgets it (the store keeps its history)
+    gone_after_s: Annotated[float, _seconds(0, DAY, lo_open=True)] = 120.0
     # /metrics cardinality: a process that exited keeps its series this long, then they go; at most
     # this many processes are exported (the rest are counted in hangd_series_dropped_total)
     metrics_gone_after_s: Annotated[float, _seconds(0, 30 * DAY)] = 300.0
