@@ -61,11 +61,10 @@ def test_deleted_database_is_recreated_with_the_open_incidents(tmp_path, served)
     inc = s.wait_for(lambda s: s.get("/incidents", params={"status": "open"}).json()["incidents"], 40,
                      "the orphaned_gpu_memory incident")[0]
     s.wait_for(lambda s: s.get("/readyz").json()["detail"].startswith("replay finished"), 40, "replay end")
-    ino = db.stat().st_ino
     for suffix in ("", "-wal", "-shm"):
         Path(f"{db}{suffix}").unlink(missing_ok=True)
     s.wait_for(lambda s: "recreated" in s.get("/readyz").json()["detail"], 20, "readiness to say so")
-    assert db.exists() and db.stat().st_ino != ino
+    assert db.exists()  # a new file (the filesystem may give it the old inode number again)
     assert "was removed while hangd ran" in s.log.read_text()
     # the new file holds the open incident, as hangd still knows it
     s.wait_for(lambda s: s.get("/incidents").json()["total"] == 1, 20, "the incident in the new file")
