@@ -11,20 +11,34 @@ import time
 from typing import Any
 
 from hangd.config import ConfigError, load_settings
+from hangd.redact import RedactingFormatter, redact_known, redact_text, redact_url, url_password
 
 
 class JsonFormatter(logging.Formatter):
+    """One JSON object a line; the message and traceback are redacted before they are encoded
+    (redacting the encoded line could cut through the JSON)."""
+
     def format(self, record: logging.LogRecord) -> str:
         d = {"t": round(record.created, 3), "level": record.levelname.lower(), "logger": record.name,
-             "msg": record.getMessage()}
+             "msg": "\n".join(redact_text(x) for x in record.getMessage().split("\n"))}
         if record.exc_info:
-            d["exc"] = self.formatException(record.exc_info)[-2000:]
+            exc = self.formatException(record.exc_info)[-2000:]
+            d["exc"] = "\n".join(redact_text(x) for x in exc.split("\n"))
         return json.dumps(d)
+
+
+def db_error(url: str, e: BaseException) -> ConfigError:
+    """A one-line database error without the password: neither in the URL nor where the driver
+    quoted it (a misparsed password ends up in "cannot resolve host" messages)."""
+    first = (str(e).splitlines() or [""])[0]
+    detail = redact_known(redact_text(first), [url_password(url)])
+    return ConfigError(f"db {redact_url(url)}: {type(e).__name__}: {detail}")
 
 
 def _setup_logging(json_logs: bool, level: str) -> None:
     h = logging.StreamHandler(sys.stderr)
-    h.setFormatter(JsonFormatter() if json_logs else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    h.setFormatter(JsonFormatter() if json_logs else
+                   RedactingFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")))
     root = logging.getLogger()
     root.handlers[:] = [h]
     root.setLevel(getattr(logging, level.upper(), logging.INFO))
@@ -58,14 +72,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         store = Store(s.db)
     except Exception as e:  # noqa: BLE001 - one line for the operator, not a traceback
-        raise ConfigError(f"db {s.db}: {type(e).__name__}: {str(e).splitlines()[0]}") from e
+        raise db_error(s.db, e) from e
     daemon = Daemon(s, store=store)
     app = create_app(daemon, token=token, loopback=loopback)
     daemon.start()
     log.info("hangd serving on http://%s:%d (%s, db %s)", host, port, f"replay {s.replay}" if s.replay else "live",
-             s.db.split("@")[-1])
+             redact_url(s.db))
+    # log_config=None: uvicorn's records (a 500's traceback) go through hangd's redacting handler
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="off",
-                            limit_concurrency=64, timeout_keep_alive=5)
+                            limit_concurrency=64, timeout_keep_alive=5, log_config=None)
     server = uvicorn.Server(config)
 
     def stop(*_: Any) -> None:
@@ -87,11 +102,14 @@ def cmd_db(args: argparse.Namespace) -> int:
     from hangd.store.db import downgrade, upgrade
 
     s = load_settings(flags={"db": args.db}, config_path=getattr(args, "config", None))
-    if args.db_cmd == "upgrade":
-        upgrade(s.db, args.revision)
-    else:
-        downgrade(s.db, args.revision)
-    print(f"{args.db_cmd} {s.db.split('@')[-1]} to {args.revision}")
+    try:
+        if args.db_cmd == "upgrade":
+            upgrade(s.db, args.revision)
+        else:
+            downgrade(s.db, args.revision)
+    except Exception as e:  # noqa: BLE001 - one line for the operator, not a traceback
+        raise db_error(s.db, e) from e
+    print(f"{args.db_cmd} {redact_url(s.db)} to {args.revision}")
     return 0
 
 
