@@ -22,6 +22,7 @@ from hangd.flightrec.reader import Dump, DumpError, decode, read_file
 from hangd.flightrec.safepickle import UnsafePickle, _PlainUnpickler, safe_loads
 
 from .conftest import ROOT, TRACES, run_hangd
+from .fuzz import examples
 
 HOSTILE = ROOT / "tests" / "data" / "hostile"
 EXPECTED: dict[str, str] = json.loads((HOSTILE / "expected.json").read_text())
@@ -233,7 +234,7 @@ def _check_analysis(dumps: list[Dump]) -> None:
     assert isinstance(text, str)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(raw=_dump, proto=st.integers(min_value=2, max_value=5), as_json=st.booleans())
 def test_fuzzed_dump_shapes_give_a_dump_or_one_dump_error(raw, proto, as_json):
     """Every field of every type, huge and non-finite numbers: a Dump that analyses, or DumpError."""
@@ -253,7 +254,7 @@ def test_fuzzed_dump_shapes_give_a_dump_or_one_dump_error(raw, proto, as_json):
 REAL = [NCCL / "nccl_trace_rank_0", CLEAN / "nccl_trace_rank_1"]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(which=st.sampled_from(REAL), as_json=st.booleans(), seed=st.integers(0, 2**32), edits=st.integers(1, 8))
 def test_mutated_real_dumps_give_a_dump_or_one_dump_error(which, as_json, seed, edits):
     """Real dumps with bytes flipped, dropped, duplicated or cut: never any other exception."""

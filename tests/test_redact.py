@@ -22,6 +22,8 @@ from hangd.redact import (
     url_password,
 )
 
+from .fuzz import examples
+
 # (line, secrets that must not survive, text that must survive)
 CORPUS: list[tuple[str, list[str], list[str]]] = [
     ("python train.py api_key=sk12345abc lr=3e-4", ["sk12345abc"], ["python train.py api_key=", "lr=3e-4"]),
@@ -175,7 +177,7 @@ def test_log_records_are_redacted_tracebacks_included():
 _line = st.text(alphabet=st.characters(codec="ascii", exclude_categories=("Cc",)), max_size=80)
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(prefix=_line, secret=st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789", min_size=8, max_size=24),
        form=st.sampled_from(["{k}={s}", "{k}: {s}", '"{k}": "{s}"', "--{k} {s}", "--{k}={s}", "https://u:{s}@h/x",
                              "https://h/x?{k}={s}"]),
@@ -188,7 +190,7 @@ def test_a_secret_in_any_form_after_any_text_is_gone(prefix, secret, form, key):
     assert redact_text(out) == out
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(text=st.text(max_size=200))
 def test_redaction_is_idempotent_and_never_fails(text):
     once = redact_text(text)
