@@ -191,6 +191,12 @@ def test_json_refusals(text, says):
     assert str(e.value).startswith(says)
 
 
+def test_a_large_json_dump_is_not_refused_for_its_size():
+    # JSON cannot share values, so a big dump is a big tree: the budget grows with the file
+    data = json.dumps({"entries": [], "pad": [0] * 1_100_000}).encode()
+    assert decode(data).entries == []
+
+
 def test_json_floats_that_are_finite_are_kept():
     d = decode(json.dumps(_dump(collective_seq_id=7.0, timeout_ms=1.5e3)).encode())
     assert (d.entries[0].seq, d.entries[0].timeout_ms) == (7, 1500)
@@ -307,7 +313,7 @@ def test_completion_p2p_and_times():
 
 @pytest.mark.parametrize(("sizes", "numel"), [
     ([[4]], 4), ([[2, 3], [5]], 11), ([], None), ([[2, "x"]], None), ([7], 7), ([[]], 1),
-    ([[2**62, 4]], None), ([[2**31, 2**31]], 2**62),
+    ([[2**62, 4]], None), ([[2**62, 2]], None), ([[2**62 - 1, 2]], 2**63 - 2), ([[2**31, 2**31]], 2**62),
 ])
 def test_numel(sizes, numel):
     assert decode(pickle.dumps(_dump(input_sizes=sizes))).entries[0].numel() == numel
@@ -371,3 +377,140 @@ def test_read_file_reports_an_unknown_owner_by_uid(tmp_path):
     p.write_bytes(pickle.dumps(_dump()))
     os.chown(p, 54321, 54321)
     assert read_file(str(p)).owner == "54321"
+
+
+# ------------------------------------------------------------------ field details an operator sees
+
+
+def test_messages_are_exact():
+    cases = [
+        (lambda: decode(pickle.dumps([1])), "not a flight-recorder dump (top level is not a dict)"),
+        (lambda: decode(pickle.dumps({"x": 1})), "not a flight-recorder dump (no entries, no pg_config)"),
+        (lambda: decode(pickle.dumps(_dump(collective_seq_id=2**64))),
+         "a number beyond 64 bits; a flight-recorder dump holds 64-bit counters"),
+        (lambda: decode(pickle.dumps(_dump(collective_seq_id="9" * 30))),
+         "a number beyond 64 bits; a flight-recorder dump holds 64-bit counters"),
+        (lambda: decode(pickle.dumps(_dump(collective_seq_id=float("inf")))),
+         "inf is not a finite number; a flight-recorder dump holds counters"),
+    ]
+    for call, message in cases:
+        with pytest.raises(DumpError) as e:
+            call()
+        assert str(e.value) == message
+
+
+def test_read_file_messages_are_exact(tmp_path):
+    with pytest.raises(DumpError) as e:
+        read_file(str(tmp_path / "nope"))
+    assert str(e.value) == "cannot open: No such file or directory"
+    (tmp_path / "t").write_bytes(b"x")
+    (tmp_path / "link").symlink_to(tmp_path / "t")
+    with pytest.raises(DumpError) as e:
+        read_file(str(tmp_path / "link"))
+    assert str(e.value) == "cannot open: Too many levels of symbolic links (a symlink; hangd does not follow them)"
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(DumpError) as e:
+        read_file(str(tmp_path / "fifo"))
+    assert str(e.value) == "not a regular file"
+
+
+def test_read_file_cap_is_inclusive_and_is_passed_to_the_decoder(tmp_path):
+    p = tmp_path / "fr_rank_0"
+    data = pickle.dumps(_dump())
+    p.write_bytes(data)
+    assert read_file(str(p), cap=len(data)).entries
+    with pytest.raises(DumpError, match=f"{len(data)} bytes is over the {len(data) - 1}-byte cap"):
+        read_file(str(p), cap=len(data) - 1)
+    big = tmp_path / "big_0"
+    with open(big, "wb") as f:
+        f.truncate(65 * 1024 * 1024)  # over the default cap, under the one asked for
+    with pytest.raises(DumpError) as e:
+        read_file(str(big), cap=70 * 1024 * 1024)
+    assert "cap" not in str(e.value) and "malformed" in str(e.value)
+
+
+def test_comm_lib_version_from_either_key():
+    assert decode(pickle.dumps({**_dump(), "comm_lib_version": "2.21.5"})).comm_lib_version == "2.21.5"
+    assert decode(pickle.dumps({**_dump(), "nccl_version": "2.18.1"})).comm_lib_version == "2.18.1"
+    assert decode(pickle.dumps({**_dump(), "comm_lib_version": "", "nccl_version": "2.18.1"})).comm_lib_version == "2.18.1"
+    assert decode(pickle.dumps(_dump())).comm_lib_version is None
+
+
+def test_group_keys_in_pg_config():
+    raw = {"entries": [], "pg_config": {"0": "junk", "1": {"name": "", "desc": "tp"}, "3": {"name": "", "desc": ""},
+                                        "4": {"desc": "dp", "name": "pp"}}}
+    assert sorted(decode(pickle.dumps(raw)).pg_config) == ["3", "pp", "tp"]
+    # an empty id with a name keeps the name, even with one status
+    raw = {"entries": [], "pg_config": {"": {"name": "world"}}, "pg_status": {"0": {}}}
+    assert list(decode(pickle.dumps(raw)).pg_config) == ["world"]
+    # an empty id and name with two statuses cannot be matched: the desc names it
+    raw = {"entries": [], "pg_config": {"": {"name": "", "desc": "d"}}, "pg_status": {"0": {}, "1": {}}}
+    assert list(decode(pickle.dumps(raw)).pg_config) == ["d"]
+
+
+def test_entry_defaults():
+    raw = _dump(process_group=["only"], profiling_name="")
+    del raw["entries"][0]["state"]
+    e = decode(pickle.dumps(raw)).entries[0]
+    assert (e.pg, e.op, e.state, e.completed) == ("only", "?", "", False)
+    e = decode(pickle.dumps(_dump(state=["completed"]))).entries[0]
+    assert (e.state, e.completed) == ("", False)
+    e = decode(pickle.dumps(_dump(time_created_ns=1234, p2p_seq_id=3))).entries[0]
+    assert (e.time_created_ns, e.is_p2p, e.seq) == (1234, False, 1)
+    e = decode(pickle.dumps(_dump(collective_seq_id=None, p2p_seq_id=None))).entries[0]
+    assert e.is_p2p is False
+    e = decode(pickle.dumps(_dump(input_sizes=[["9" * 30]]))).entries[0]
+    assert e.input_sizes == [["9" * 30]] and e.numel() is None
+
+
+def test_cycles_anywhere_are_named_as_cycles():
+    a: list = []
+    a.append(a)
+    b: list = [0]
+    b.append(b)
+    for value in (a, [b], {"x": [b]}):
+        with pytest.raises(BadPickle) as e:
+            check_tree(value)
+        assert str(e.value) == "a container contains itself; a flight-recorder dump is a plain tree"
+
+
+def test_node_bound_when_a_nested_container_completes():
+    check_tree([[1, 2]], max_nodes=4)
+    with pytest.raises(BadPickle) as e:
+        check_tree([[1, 2]], max_nodes=3)
+    assert str(e.value) == "decodes to more than 3 values; refused"
+
+
+def test_default_node_bound_and_the_budget_safe_loads_gives():
+    check_tree(list(range(999_999)))
+    with pytest.raises(BadPickle):
+        check_tree(list(range(1_000_000)))
+    big = list(range(1_100_000))  # more than the default, fine for a file this size
+    assert len(safe_loads(pickle.dumps(big, protocol=4))) == 1_100_000
+
+
+def test_shared_values_are_counted_without_walking_them_again():
+    import time
+    laughs: object = 0
+    for _ in range(40):
+        laughs = [laughs, laughs]
+    t0 = time.monotonic()
+    with pytest.raises(BadPickle, match="more than"):
+        check_tree(laughs, max_nodes=10**6)
+    assert time.monotonic() - t0 < 0.2  # 2**40 places, refused after 40 distinct lists
+
+
+def test_exact_refusal_and_breakage_messages():
+    with pytest.raises(UnsafePickle) as e:
+        safe_loads(b"\x80\x04))R.")
+    assert str(e.value) == ("refused: opcode REDUCE at byte 4 would import or call code; "
+                            "a flight-recorder dump holds plain data only")
+    with pytest.raises(BadPickle) as e:
+        safe_loads(b"")
+    assert str(e.value) == "empty file"
+    with pytest.raises(BadPickle) as e:
+        safe_loads(b"\x80\x04a.")
+    assert str(e.value) == "malformed pickle: UnpicklingError: unpickling stack underflow"
+    with pytest.raises(BadPickle) as e:
+        safe_loads(b"\x80\x02]q\x00]q\x02.")
+    assert str(e.value) == "memo index 2 at byte 6 is out of order"

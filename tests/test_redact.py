@@ -147,6 +147,9 @@ def test_records_for_the_api_and_the_store():
     for s in ("hf_s1", "w1", "b1", "p1"):
         assert s not in text, text
     assert out["key"] == "job-abc" and out["id"] == 3 and out["api_token"] is None
+    assert out["evidence"]["environ"]["0"]["WANDB_API_KEY"] == REDACTED
+    assert out["evidence"]["logs"]["0"] == ["ok", f"Authorization: Bearer {REDACTED}"]
+    assert out["evidence"]["pair"] == ("a", f"password={REDACTED}")
     assert out["evidence"]["environ"]["0"]["RANK"] == "0"
     assert isinstance(out["evidence"]["pair"], tuple)
     assert rec["evidence"]["environ"]["0"]["WANDB_API_KEY"] == "w1"  # a new value; the input is untouched
@@ -267,6 +270,9 @@ def test_command_line_details():
     assert redact_cmdline(["--hf_token", "a", "b"]) == ["--hf_token", REDACTED, "b"]
     assert redact_cmdline(["--password=a=b"]) == [f"--password={REDACTED}"]
     assert redact_cmdline(["--KeyError", "x"]) == ["--KeyError", "x"]
+    # a flag that only looks secret keeps the next argument, whether or not it carries a value
+    assert redact_cmdline(["--max-tokens=5", "val"]) == ["--max-tokens=5", "val"]
+    assert redact_cmdline(["--keyboard", "us"]) == ["--keyboard", "us"]
     assert redact_cmdline([]) == []
 
 
@@ -281,6 +287,8 @@ def test_known_secret_forms():
     assert redact_known("pw is a@b and a%40b", ["a%40b"]) == f"pw is {REDACTED} and {REDACTED}"
     assert redact_known("abc abd", ["abc"]) == f"{REDACTED} abd"
     assert redact_known("ab", ["ab"]) == "ab"
+    assert redact_known("ab abc", ["ab", "abc"]) == f"ab {REDACTED}"  # a short one does not stop the rest
+    assert redact_known("in url a%2Fb%40c", ["a/b@c"]) == f"in url {REDACTED}"  # '/' encoded too
 
 
 def test_urls():
@@ -294,3 +302,10 @@ def test_log_formatter_redacts_every_line():
     fmt = RedactingFormatter(logging.Formatter("%(message)s"))
     rec = logging.LogRecord("x", logging.INFO, __file__, 1, "a token=1\nb password=2\nc", None, None)
     assert fmt.format(rec) == f"a token={REDACTED}\nb password={REDACTED}\nc"
+
+
+def test_urls_for_messages():
+    from hangd.redact import redact_url
+
+    assert redact_url("postgresql://hangd:pw@db:5432/hangd") == f"postgresql://hangd:{REDACTED}@db:5432/hangd"
+    assert redact_url("sqlite:////var/lib/hangd/hangd.db") == "sqlite:////var/lib/hangd/hangd.db"

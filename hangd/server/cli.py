@@ -20,10 +20,10 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         d = {"t": round(record.created, 3), "level": record.levelname.lower(), "logger": record.name,
-             "msg": "\n".join(redact_text(x) for x in record.getMessage().split("\n"))}
+             "msg": redact_text(record.getMessage())}
         if record.exc_info:
             exc = self.formatException(record.exc_info)[-2000:]
-            d["exc"] = "\n".join(redact_text(x) for x in exc.split("\n"))
+            d["exc"] = redact_text(exc)
         return json.dumps(d)
 
 
