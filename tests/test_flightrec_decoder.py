@@ -514,3 +514,12 @@ def test_exact_refusal_and_breakage_messages():
     with pytest.raises(BadPickle) as e:
         safe_loads(b"\x80\x02]q\x00]q\x02.")
     assert str(e.value) == "memo index 2 at byte 6 is out of order"
+
+
+def test_names_that_are_huge_numbers_are_refused_not_crashed_on():
+    for value in (10**5000, float("nan")):
+        with pytest.raises(DumpError):
+            decode(pickle.dumps({**_dump(), "version": value}))
+    with pytest.raises(DumpError) as e:
+        decode(b"")
+    assert str(e.value) == "empty file"
