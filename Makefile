@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test lint bench deps clean install uninstall
+.PHONY: run test lint bench deps clean install uninstall mutate
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,18 @@ test: deps $(VENV)/.test-installed
 lint: $(VENV)/.test-installed
 	$(BIN)/ruff check hangd tests benchmarks
 	$(BIN)/mypy
+
+# Mutation testing of the files in [tool.mutmut] only_mutate (pyproject.toml); see docs/testing.md.
+# Not part of `make test` or CI: a full run takes tens of minutes. MUTMUT_ARGS=-j2 etc.
+$(VENV)/.mutate-installed: pyproject.toml | $(VENV)/.test-installed
+	$(BIN)/pip install -q -e '.[test,mutate]'
+	touch $@
+
+mutate: $(VENV)/.mutate-installed
+	rm -rf mutants
+	HANGD_FUZZ_SCALE=0.1 $(BIN)/mutmut run $(MUTMUT_ARGS)
+	$(BIN)/mutmut results --all true > mutmut-results.txt || true
+	$(BIN)/python scripts/mutation_score.py mutmut-results.txt
 
 bench: $(VENV)/.test-installed
 	$(BIN)/python -m benchmarks.replay

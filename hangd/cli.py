@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 from hangd import __version__, exitcodes
 from hangd.config import ConfigError, Settings, load_settings, seconds_arg
 from hangd.exitcodes import EPILOG, CannotRun
+from hangd.redact import RedactingFormatter, redact_text
 
 
 class _Parser(argparse.ArgumentParser):
@@ -235,13 +236,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for h in logging.getLogger().handlers:
+        if h.formatter is not None and not isinstance(h.formatter, RedactingFormatter):
+            h.setFormatter(RedactingFormatter(h.formatter))
     try:
         return int(args.func(args) or 0)
     except ConfigError as e:
-        print(f"hangd: {e}", file=sys.stderr)
+        print(f"hangd: {redact_text(str(e))}", file=sys.stderr)
         return exitcodes.USAGE
     except CannotRun as e:
-        print(f"hangd: {e}", file=sys.stderr)
+        print(f"hangd: {redact_text(str(e))}", file=sys.stderr)
         return exitcodes.CANNOT_RUN
     except KeyboardInterrupt:
         return 130

@@ -25,6 +25,8 @@ from pydantic import (
     ValidationError,
 )
 
+from hangd.redact import redact_url, url_password
+
 DEFAULT_PORT = 9877  # not taken by node_exporter (9100), dcgm-exporter (9400), Prometheus (9090)
 DEFAULT_CONFIG = "/etc/hangd/hangd.toml"
 MAX_SMALL_FILE = 1 << 20  # a settings or token file larger than this is not one
@@ -32,6 +34,16 @@ MAX_SMALL_FILE = 1 << 20  # a settings or token file larger than this is not one
 
 class ConfigError(Exception):
     """A bad flag, value or file: the message names what is wrong."""
+
+
+def check_db_url(url: str) -> None:
+    """Refuse a database URL whose password holds a raw '@': SQLAlchemy ends the password at the
+    first '@', takes the rest for the host, and the driver then prints that piece of the password
+    in its "cannot resolve host" error."""
+    pw = url_password(url)
+    if pw and "@" in pw:
+        raise ConfigError(f"db {redact_url(url)}: the password contains '@', which ends a password in a URL; "
+                          "write it as %40 (URL-encode the password)")
 
 
 def default_db_url() -> str:
@@ -205,6 +217,7 @@ def load_settings(flags: dict[str, Any] | None = None, env: dict[str, str] | Non
         err = e.errors()[0]
         raise ConfigError(f"{'.'.join(str(x) for x in err.get('loc', ()))}: {err.get('msg')}") from None
     s.host_port()
+    check_db_url(s.db)
     return s
 
 

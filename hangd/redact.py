@@ -122,7 +122,7 @@ def filter_environ(env: Mapping[str, str], keep: Iterable[str] = DEFAULT_ENV_KEE
 
 
 def _secret_flag(arg: str) -> bool:
-    return arg.startswith("-") and "=" not in arg and is_secret_key(arg.lstrip("-").replace("-", "_"))
+    return arg.startswith("-") and "=" not in arg and is_secret_key(arg.lstrip("-"))
 
 
 def redact_cmdline(argv: Iterable[str]) -> list[str]:
@@ -232,4 +232,4 @@ class RedactingFormatter(logging.Formatter):
         self.inner = inner
 
     def format(self, record: logging.LogRecord) -> str:
-        return "\n".join(redact_text(line) for line in self.inner.format(record).split("\n"))
+        return redact_text(self.inner.format(record))

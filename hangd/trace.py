@@ -11,7 +11,6 @@ import dataclasses
 import json
 import math
 import os
-import shutil
 import types
 import typing
 from collections.abc import Iterator
@@ -19,7 +18,7 @@ from pathlib import Path
 from typing import Any, Union
 
 from hangd.evidence import decode_evidence
-from hangd.redact import filter_environ, redact_cmdline
+from hangd.redact import filter_environ, redact_cmdline, redact_obj, redact_text
 from hangd.snapshot import (
     Action,
     FileSample,
@@ -404,6 +403,25 @@ class TraceReader:
 # ---------------------------------------------------------------- snapshots -> events
 
 
+def redact_line_same_size(line: bytes) -> bytes:
+    """One log line through ``redact_text``, padded with spaces or cut to its original length.
+    ``file`` events give log sizes as byte offsets into the copy, so every line keeps its size;
+    text that is not UTF-8 passes through as it was (surrogateescape)."""
+    body = line.rstrip(b"\r\n")
+    end = line[len(body):]
+    out = redact_text(body.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape")
+    if out == body:
+        return line
+    return out[: len(body)].ljust(len(body), b" ") + end
+
+
+def copy_redacted(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+    """Copy a log for a recording, every line redacted, every byte offset kept."""
+    with open(src, "rb") as fi, open(dst, "wb") as fo:
+        for line in fi:
+            fo.write(redact_line_same_size(line))
+
+
 class TraceWriter:
     """Writes snapshots as a trace directory. Close it to write ``meta.json`` and the logs."""
 
@@ -450,7 +468,10 @@ class TraceWriter:
                 self._gpus[g.index] = {"index": g.index, "uuid": g.uuid, "name": g.name}
             self._emit({"t": t, "kind": "gpu", **d})
         for info in snap.infos:
-            d = _clean(dataclasses.asdict(info))
+            # sources redact where data enters; a recording is shared in bug reports, so again here
+            d = redact_obj(_clean(dataclasses.asdict(info)))
+            if isinstance(info.cmdline, list):
+                d["cmdline"] = redact_cmdline(str(a) for a in info.cmdline)
             rank = (info.environ or {}).get("RANK")
             if rank is not None and rank.isdigit():
                 self._ranks[rank] = info.pid
@@ -468,7 +489,7 @@ class TraceWriter:
             self._emit({"t": t, "kind": "file", "path": f.path, "size": f.size})
         for s in snap.stacks:
             ext = "json" if s.format.endswith("json") else "txt"
-            rel = self._save(f"stack_{s.pid}.{ext}", s.raw.encode())
+            rel = self._save(f"stack_{s.pid}.{ext}", s.raw.encode())  # frames and file names, no values
             ev = {"t": t, "kind": "stack", "pid": s.pid, "tool": s.tool, "native": s.native,
                   "format": s.format, "seconds": s.seconds, "file": rel}
             if s.error:
@@ -484,7 +505,7 @@ class TraceWriter:
         for a in snap.actions:
             self._emit({"t": t, "kind": "action", "what": a.what, "pid": a.pid})
         for source, why in snap.unavailable.items():
-            self._emit({"t": t, "kind": "unavailable", "source": source, "why": why})
+            self._emit({"t": t, "kind": "unavailable", "source": source, "why": redact_text(why)})
 
     def close(self) -> None:
         self._out.close()
@@ -492,8 +513,7 @@ class TraceWriter:
         for i, path in enumerate(sorted(self._logs)):
             rel = f"files/log_{i}_{os.path.basename(path)}"
             try:
-                with open(path, "rb") as src, open(self.root / rel, "wb") as dst:
-                    shutil.copyfileobj(src, dst, 1 << 20)
+                copy_redacted(path, self.root / rel)
                 log_files[path] = rel
             except OSError:
                 continue

@@ -20,6 +20,7 @@ from hangd.flightrec.reader import DumpError, decode, read_file
 from hangd.flightrec.safepickle import BadPickle, UnsafePickle, safe_loads
 
 from .conftest import ROOT, TRACES, WORKLOADS, run_hangd
+from .fuzz import examples
 
 NCCL_DUMPS = TRACES / "nccl_stall" / "files"
 
@@ -38,20 +39,20 @@ scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False)
 plain = _plain(scalars | st.binary())
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(obj=plain, proto=st.integers(min_value=3, max_value=5))
 def test_decoder_matches_plain_pickles(obj, proto):
     assert safe_loads(pickle.dumps(obj, protocol=proto)) == obj
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(obj=_plain(scalars), proto=st.integers(min_value=0, max_value=2))
 def test_decoder_matches_old_protocols(obj, proto):
     # protocols 0-2 write bytes through codecs.encode (a call), so they are left out here
     assert safe_loads(pickle.dumps(obj, protocol=proto)) == obj
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(data=st.binary(max_size=400))
 def test_decoder_never_crashes_on_garbage(data):
     try:
@@ -60,7 +61,7 @@ def test_decoder_never_crashes_on_garbage(data):
         pass
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(obj=plain, cut=st.integers(min_value=1, max_value=200))
 def test_truncated_pickles_are_refused_cleanly(obj, cut):
     data = pickle.dumps(obj, protocol=4)

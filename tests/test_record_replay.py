@@ -83,3 +83,41 @@ def test_replay_paced_takes_real_time():
 def test_bad_trace_dir_is_a_clean_error(tmp_path):
     out = run_hangd("replay", str(tmp_path), check=False)
     assert out.returncode == 2 and "Traceback" not in out.stderr and "trace.jsonl" in out.stderr
+
+
+JOB_SCRIPT = """
+import sys, time
+for line in ("password = logsecret1", "Authorization: Bearer logsecret2", "pulling https://u:logsecret3@h/x",
+             '{"api_key": "logsecret4"}', "--hf-token=logsecret5", "ok step 1"):
+    print(line, flush=True)
+time.sleep(30)
+"""
+
+
+def test_record_redacts_command_lines_and_copied_logs(tmp_path):
+    log = tmp_path / "job.log"
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT="29778", RANK="0", WORLD_SIZE="1")
+    args = ["api_key=cmdsecret1", "--hf-token", "cmdsecret2", "--db=postgres://u:cmd@secret3@h/db",
+            "https://h/x?token=cmdsecret4&page=2"]
+    with open(log, "w") as f:
+        job = subprocess.Popen([sys.executable, "-c", JOB_SCRIPT, *args], env=env, stdout=f, stderr=subprocess.STDOUT)
+    out = tmp_path / "trace"
+    try:
+        time.sleep(0.5)
+        run_hangd("record", "--out", str(out), "--seconds", "1.5", "--hz", "4")
+    finally:
+        job.kill()
+        job.wait()
+    files = [p for p in out.rglob("*") if p.is_file()]
+    everything = b"".join(p.read_bytes() for p in files)
+    for secret in ("cmdsecret1", "cmdsecret2", "secret3", "cmdsecret4", "logsecret1", "logsecret2", "logsecret3",
+                   "logsecret4", "logsecret5"):
+        assert secret.encode() not in everything, secret
+    infos = [i for s in TraceReader(out).snapshots() for i in s.infos if i.pid == job.pid]
+    assert infos and infos[0].cmdline[-5:] == ["api_key=<redacted>", "--hf-token", "<redacted>",
+                                               "--db=postgres://u:<redacted>@h/db",
+                                               "https://h/x?token=<redacted>&page=2"]
+    meta = json.loads((out / "meta.json").read_text())
+    copy = out / meta["log_files"][str(log)]
+    assert copy.stat().st_size == log.stat().st_size  # byte offsets in file events still hold
+    assert "ok step 1" in copy.read_text() and "Authorization: Bearer <redacted>" in copy.read_text()

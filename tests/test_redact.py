@@ -22,6 +22,8 @@ from hangd.redact import (
     url_password,
 )
 
+from .fuzz import examples
+
 # (line, secrets that must not survive, text that must survive)
 CORPUS: list[tuple[str, list[str], list[str]]] = [
     ("python train.py api_key=sk12345abc lr=3e-4", ["sk12345abc"], ["python train.py api_key=", "lr=3e-4"]),
@@ -145,6 +147,9 @@ def test_records_for_the_api_and_the_store():
     for s in ("hf_s1", "w1", "b1", "p1"):
         assert s not in text, text
     assert out["key"] == "job-abc" and out["id"] == 3 and out["api_token"] is None
+    assert out["evidence"]["environ"]["0"]["WANDB_API_KEY"] == REDACTED
+    assert out["evidence"]["logs"]["0"] == ["ok", f"Authorization: Bearer {REDACTED}"]
+    assert out["evidence"]["pair"] == ("a", f"password={REDACTED}")
     assert out["evidence"]["environ"]["0"]["RANK"] == "0"
     assert isinstance(out["evidence"]["pair"], tuple)
     assert rec["evidence"]["environ"]["0"]["WANDB_API_KEY"] == "w1"  # a new value; the input is untouched
@@ -175,7 +180,7 @@ def test_log_records_are_redacted_tracebacks_included():
 _line = st.text(alphabet=st.characters(codec="ascii", exclude_categories=("Cc",)), max_size=80)
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(prefix=_line, secret=st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789", min_size=8, max_size=24),
        form=st.sampled_from(["{k}={s}", "{k}: {s}", '"{k}": "{s}"', "--{k} {s}", "--{k}={s}", "https://u:{s}@h/x",
                              "https://h/x?{k}={s}"]),
@@ -188,8 +193,119 @@ def test_a_secret_in_any_form_after_any_text_is_gone(prefix, secret, form, key):
     assert redact_text(out) == out
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(text=st.text(max_size=200))
 def test_redaction_is_idempotent_and_never_fails(text):
     once = redact_text(text)
     assert redact_text(once) == once
+
+
+@pytest.mark.parametrize("token", [
+    "hf_" + "a1" * 10, "ghp_" + "A" * 30, "gho_" + "b" * 36, "github_pat_" + "C_" * 20, "glpat-" + "x" * 20,
+    "AKIA" + "A1B2C3D4E5F6G7H8", "ASIA" + "Z" * 16, "sk-" + "q" * 20, "xoxb-" + "1" * 10,
+    "eyJhbGciOiJI.eyJzdWIiOiIx.c2lnbmF0dXJl",
+])
+def test_token_shapes(token):
+    assert redact_text(f"value {token} end") == f"value {REDACTED} end"
+    assert redact_text(f"x{token}") == f"x{token}"  # inside a longer word: not a token
+
+
+@pytest.mark.parametrize("word", ["hf_short", "ghp_abc", "AKIA1234", "sk-abc", "xoxb-1", "eyJhbGci", "glpat-x"])
+def test_short_look_alikes_are_left_alone(word):
+    assert redact_text(f"value {word} end") == f"value {word} end"
+
+
+@pytest.mark.parametrize("name", ["sig", "Signature", "X-Amz-Signature", "x-goog-signature", "x-amz-security-token",
+                                  "pwd", "code_verifier", "apikey", "access_token"])
+def test_secret_query_parameters(name):
+    assert redact_text(f"https://h/p?a=1&{name}=v4lue&b=2") == f"https://h/p?a=1&{name}={REDACTED}&b=2"
+
+
+@pytest.mark.parametrize("name", ["page", "sigma", "code", "design"])
+def test_ordinary_query_parameters(name):
+    assert redact_text(f"https://h/p?{name}=v4lue") == f"https://h/p?{name}=v4lue"
+
+
+@pytest.mark.parametrize(("line", "out"), [
+    ("Authorization: Bearer abc", f"Authorization: Bearer {REDACTED}"),
+    ("Authorization: basic abc", f"Authorization: basic {REDACTED}"),
+    ("Authorization: Token abc", f"Authorization: Token {REDACTED}"),
+    ("Authorization: Digest abc", f"Authorization: Digest {REDACTED}"),
+    ("Authorization: Negotiate abc", f"Authorization: Negotiate {REDACTED}"),
+    ("Authorization: Other abc", f"Authorization: {REDACTED}"),
+    ("Authorization: Bearer", f"Authorization: {REDACTED}"),
+    ("authorization=Bearer abc", f"authorization=Bearer {REDACTED}"),
+    ('{"token": "a b"}', f'{{"token": "{REDACTED}"}}'),
+    ("{'token': 'a'}", f"{{'token': '{REDACTED}'}}"),
+    ('{"token": 12}', f'{{"token": {REDACTED}}}'),
+    ('{"other": "a", "token": "b"}', f'{{"other": "a", "token": "{REDACTED}"}}'),
+    ("token: a b c", f"token: {REDACTED}"),
+    ("token:abc", f"token:{REDACTED}"),
+    ("token://x", "token://x"),
+    ("A: api_key: 0000", f"A: api_key: {REDACTED}"),
+    ("a=api_key=0000", f"a=api_key={REDACTED}"),
+    ("api_key='a b' next=1", f"api_key={REDACTED} next=1"),
+    ("--token 'a b' --x", f"--token {REDACTED} --x"),
+    ("--token --x", "--token --x"),
+    ("-token abc", "-token abc"),
+    ("--max-tokens 5", "--max-tokens 5"),
+    ("KeyError: 'x'", "KeyError: 'x'"),
+    ("AuthError: denied", "AuthError: denied"),
+    ("TokenException: x", "TokenException: x"),
+    ("PasswordWarning: x", "PasswordWarning: x"),
+    ("keyboard: us", "keyboard: us"),
+    ("num_keys=5", "num_keys=5"),
+    ("my.api_key=5", "my.api_key=" + REDACTED),
+    ("", ""),
+])
+def test_forms_one_by_one(line, out):
+    assert redact_text(line) == out
+
+
+def test_command_line_details():
+    assert redact_cmdline(["--token", "--next", "v"]) == ["--token", "--next", "v"]
+    assert redact_cmdline(["--token", "-v"]) == ["--token", REDACTED]
+    assert redact_cmdline(["--max-tokens=5", "--keys=3", "--api-key=", "-k=v", "-auth=v"]) == \
+        ["--max-tokens=5", "--keys=3", f"--api-key={REDACTED}", "-k=v", f"-auth={REDACTED}"]
+    assert redact_cmdline(["--hf_token", "a", "b"]) == ["--hf_token", REDACTED, "b"]
+    assert redact_cmdline(["--password=a=b"]) == [f"--password={REDACTED}"]
+    assert redact_cmdline(["--KeyError", "x"]) == ["--KeyError", "x"]
+    # a flag that only looks secret keeps the next argument, whether or not it carries a value
+    assert redact_cmdline(["--max-tokens=5", "val"]) == ["--max-tokens=5", "val"]
+    assert redact_cmdline(["--keyboard", "us"]) == ["--keyboard", "us"]
+    assert redact_cmdline([]) == []
+
+
+def test_environment_keep_patterns():
+    assert filter_environ({"A": "1", "B": "token=x", "C": "3"}, keep=["A", "B"]) == {"A": "1", "B": f"token={REDACTED}"}
+    assert filter_environ({"NCCL_X": "1"}, keep=[]) == {}
+    assert redact_value("PLAIN", "https://u:p@h") == f"https://u:{REDACTED}@h"
+
+
+def test_known_secret_forms():
+    assert redact_known("pw is a@b and a%40b", ["a@b"]) == f"pw is {REDACTED} and {REDACTED}"
+    assert redact_known("pw is a@b and a%40b", ["a%40b"]) == f"pw is {REDACTED} and {REDACTED}"
+    assert redact_known("abc abd", ["abc"]) == f"{REDACTED} abd"
+    assert redact_known("ab", ["ab"]) == "ab"
+    assert redact_known("ab abc", ["ab", "abc"]) == f"ab {REDACTED}"  # a short one does not stop the rest
+    assert redact_known("in url a%2Fb%40c", ["a/b@c"]) == f"in url {REDACTED}"  # '/' encoded too
+
+
+def test_urls():
+    assert redact_text("ssh://git@host/x") == f"ssh://{REDACTED}@host/x"
+    assert redact_text("http://u:@h/") == f"http://u:{REDACTED}@h/"
+    assert redact_text("redis://:pw@h:6379") == f"redis://:{REDACTED}@h:6379"
+    assert url_password("http://u@h/") is None and url_password("x://u:pw@h") == "pw"
+
+
+def test_log_formatter_redacts_every_line():
+    fmt = RedactingFormatter(logging.Formatter("%(message)s"))
+    rec = logging.LogRecord("x", logging.INFO, __file__, 1, "a token=1\nb password=2\nc", None, None)
+    assert fmt.format(rec) == f"a token={REDACTED}\nb password={REDACTED}\nc"
+
+
+def test_urls_for_messages():
+    from hangd.redact import redact_url
+
+    assert redact_url("postgresql://hangd:pw@db:5432/hangd") == f"postgresql://hangd:{REDACTED}@db:5432/hangd"
+    assert redact_url("sqlite:////var/lib/hangd/hangd.db") == "sqlite:////var/lib/hangd/hangd.db"

@@ -107,8 +107,8 @@ def _str(v: Any, default: str = "?") -> str:
     if isinstance(v, str):
         return v
     if isinstance(v, int | float) and not isinstance(v, bool):
-        n = _int(v)
-        return str(n) if isinstance(v, int) else repr(v)
+        _int(v)  # a 5000-digit int cannot even be printed; inf and NaN are refused like counters
+        return repr(v)
     return default
 
 
@@ -194,7 +194,7 @@ def normalize(raw: Any, rank: int | None, encoding: str) -> Dump:
         raise DumpError("not a flight-recorder dump (top level is not a dict)")
     if "entries" not in raw and "pg_config" not in raw:
         raise DumpError("not a flight-recorder dump (no entries, no pg_config)")
-    dump = Dump(rank=rank, version=_str(raw.get("version", "?")), encoding=encoding,
+    dump = Dump(rank=rank, version=_str(raw.get("version")), encoding=encoding,
                 comm_lib_version=_opt_str(raw.get("comm_lib_version") or raw.get("nccl_version")))
     pg_names: dict[str, str] = {}
     statuses = [_str(k) for k in _dict(raw.get("pg_status"))]

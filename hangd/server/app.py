@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from hangd import __version__
+from hangd.redact import redact_obj
 from hangd.server.deps import AuthDep, is_authenticated
 from hangd.server.metrics import HangdCollector
 from hangd.server.routes import health, incidents, node
@@ -39,12 +40,14 @@ def docs_assets() -> str:
 
 
 class PrettyJSON(JSONResponse):
-    """Indented JSON, so `curl /incidents` reads well in a terminal."""
+    """Indented JSON, so `curl /incidents` reads well in a terminal. Every response passes
+    through ``redact_obj``: what the API serves is redacted whichever path produced it."""
 
     def render(self, content: Any) -> bytes:
         import json
 
-        return (json.dumps(content, indent=2, ensure_ascii=False, allow_nan=False, default=str) + "\n").encode()
+        return (json.dumps(redact_obj(content), indent=2, ensure_ascii=False, allow_nan=False, default=str)
+                + "\n").encode()
 
 
 @contextlib.asynccontextmanager

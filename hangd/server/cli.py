@@ -17,20 +17,34 @@ from typing import Any
 
 from hangd.config import ConfigError, Settings, load_settings, seconds_arg
 from hangd.exitcodes import CannotRun
+from hangd.redact import RedactingFormatter, redact_known, redact_text, redact_url, url_password
 
 
 class JsonFormatter(logging.Formatter):
+    """One JSON object a line; the message and traceback are redacted before they are encoded
+    (redacting the encoded line could cut through the JSON)."""
+
     def format(self, record: logging.LogRecord) -> str:
         d = {"t": round(record.created, 3), "level": record.levelname.lower(), "logger": record.name,
-             "msg": record.getMessage()}
+             "msg": redact_text(record.getMessage())}
         if record.exc_info:
-            d["exc"] = self.formatException(record.exc_info)[-2000:]
+            exc = self.formatException(record.exc_info)[-2000:]
+            d["exc"] = redact_text(exc)
         return json.dumps(d)
+
+
+def db_error(url: str, e: BaseException) -> ConfigError:
+    """A one-line database error without the password: neither in the URL nor where the driver
+    quoted it (a misparsed password ends up in "cannot resolve host" messages)."""
+    first = (str(e).splitlines() or [""])[0]
+    detail = redact_known(redact_text(first), [url_password(url)])
+    return ConfigError(f"db {redact_url(url)}: {type(e).__name__}: {detail}")
 
 
 def _setup_logging(json_logs: bool, level: str) -> None:
     h = logging.StreamHandler(sys.stderr)
-    h.setFormatter(JsonFormatter() if json_logs else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    h.setFormatter(JsonFormatter() if json_logs else
+                   RedactingFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")))
     root = logging.getLogger()
     root.handlers[:] = [h]
     root.setLevel(getattr(logging, level.upper(), logging.INFO))
@@ -101,7 +115,7 @@ def _run(s: Settings, sock: socket.socket, token: str | None, loopback: bool, te
     except StoreInUse as e:
         raise ServeError(str(e)) from e
     except Exception as e:  # noqa: BLE001 - one line for the operator, not a traceback
-        raise ConfigError(f"db {_shown_db(s.db)}: {type(e).__name__}: {str(e).splitlines()[0]}") from e
+        raise db_error(s.db, e) from e
     try:
         daemon = Daemon(s, store=store)
         app = create_app(daemon, token=token, loopback=loopback)
@@ -133,14 +147,12 @@ def _run(s: Settings, sock: socket.socket, token: str | None, loopback: bool, te
 
 
 def _shown_db(url: str) -> str:
-    """A database URL without its credentials."""
-    return url.split("@")[-1]
+    """A database URL without its password."""
+    return redact_url(url)
 
 
 def cmd_db(args: argparse.Namespace) -> int:
-    from sqlalchemy.exc import SQLAlchemyError
-
-    from hangd.store.db import MigrationError, downgrade, upgrade
+    from hangd.store.db import downgrade, upgrade
 
     s = load_settings(flags={"db": args.db}, config_path=getattr(args, "config", None))
     try:
@@ -148,10 +160,8 @@ def cmd_db(args: argparse.Namespace) -> int:
             upgrade(s.db, args.revision)
         else:
             downgrade(s.db, args.revision)
-    except MigrationError as e:
-        raise ConfigError(f"db {_shown_db(s.db)}: {e}") from e
-    except (SQLAlchemyError, OSError) as e:
-        raise ConfigError(f"db {_shown_db(s.db)}: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from e
+    except Exception as e:  # noqa: BLE001 - one line for the operator, not a traceback
+        raise db_error(s.db, e) from e
     where = _shown_db(s.db)  # never print a password of the URL
     if args.json:
         print(json.dumps({"action": args.db_cmd, "db": where, "revision": args.revision}))

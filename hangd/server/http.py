@@ -115,4 +115,6 @@ def server_config(app: Any, max_connections: int) -> Any:
                           # no limit_concurrency: past it uvicorn answers 503 to everything, health included
                           limit_concurrency=None, timeout_keep_alive=KEEP_ALIVE_S,
                           timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, backlog=BACKLOG,
-                          h11_max_incomplete_event_size=MAX_INCOMPLETE_HEADERS)
+                          h11_max_incomplete_event_size=MAX_INCOMPLETE_HEADERS,
+                          # uvicorn's records (a 500's traceback) go through hangd's redacting handler
+                          log_config=None)

@@ -30,6 +30,7 @@ from sqlalchemy.orm import Session, defer, sessionmaker
 from sqlalchemy.pool import NullPool
 
 from hangd.incidents import FAMILY
+from hangd.redact import redact_obj, redact_text
 from hangd.store import models as m
 
 log = logging.getLogger("hangd.store")
@@ -436,7 +437,7 @@ class Store:
         self._write_incidents(s, b)
         for c in b.changes:
             s.add(m.StateChange(node_id=self.node_id, t=c["t"], pid=c["pid"], rank=c.get("rank"), job=c.get("job"),
-                                state=c["state"], reason=c["reason"]))
+                                state=c["state"], reason=redact_text(c["reason"])))
         if b.processes is not None:
             self._write_processes(s, b.processes, b.t)
         if b.jobs is not None:
@@ -453,9 +454,13 @@ class Store:
             if inc is None:
                 inc = m.Incident(id=d["id"], node_id=self.node_id)
                 s.add(inc)
-            for k in ("kind", "severity", "job", "opened_at", "updated_at", "resolved_at", "hang_started_at", "summary",
-                      "next_step", "pids", "ranks", "culprit_pids", "culprit_ranks", "evidence", "findings", "timeline"):
+            for k in ("kind", "severity", "job", "opened_at", "updated_at", "resolved_at", "hang_started_at", "pids",
+                      "ranks", "culprit_pids", "culprit_ranks"):
                 setattr(inc, k, d.get(k))
+            # what is stored outlives the process and is served to anyone with the token: the
+            # words and evidence are redacted again here, whatever the analysis already did
+            for k in ("summary", "next_step", "evidence", "findings", "timeline"):
+                setattr(inc, k, redact_obj(d.get(k)))
             inc.family = FAMILY.get(d["kind"], d["kind"])
             inc.status = "open" if d.get("resolved_at") is None else "resolved"
             inc.acked = bool(inc.acked) or bool(d.get("acked"))  # an acknowledgement is never taken back
@@ -468,7 +473,7 @@ class Store:
                 proc = m.Process(node_id=self.node_id, pid=p["pid"], first_seen=t)
                 s.add(proc)
             proc.job, proc.rank, proc.state, proc.since, proc.reason, proc.last_seen = (
-                p.get("job"), p.get("rank"), p.get("state"), p.get("since"), p.get("reason"), t)
+                p.get("job"), p.get("rank"), p.get("state"), p.get("since"), redact_text(p["reason"]) if p.get("reason") else p.get("reason"), t)
 
     def _write_jobs(self, s: Session, jobs: list[dict[str, Any]], t: float) -> None:
         for j in jobs:
