@@ -140,6 +140,9 @@ def cmd_fr_analyze(args: argparse.Namespace) -> int:
     if missing:
         raise ConfigError(f"no such file or directory: {missing[0]}")
     out, text = analyze_paths(args.paths)
+    if not out.get("ranks") and not out.get("findings") and not out.get("skipped"):
+        raise ConfigError(f"no flight-recorder dump found in {' '.join(args.paths)} "
+                          "(files are named <prefix><rank>, e.g. fr_rank_0)")
     if args.json:
         _dump(out)
     else:

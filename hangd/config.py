@@ -62,6 +62,8 @@ def read_small_file(path: str, what: str) -> bytes:
         raise ConfigError(f"{what} {path}: not found") from e
     except OSError as e:
         raise ConfigError(f"{what} {path}: {e.strerror}") from e
+    if os.path.realpath(path) == os.devnull:
+        return b""  # "no configuration file", as people say it; a character device otherwise is refused
     if not stat.S_ISREG(st.st_mode):
         raise ConfigError(f"{what} {path}: not a regular file")
     try:

@@ -23,12 +23,12 @@ def _snap(t: float, sm_of: dict[int, int]) -> Snapshot:
 def test_a_process_sharing_a_spinning_gpu_is_not_the_one_spinning():
     an = Analyzer()
     for i in range(120):  # 30 s at 4 Hz: pid 10 spins in a collective, pid 20 only shares the GPU
-        an.feed(_snap(i / 4, {10: 99, 20: 0}))
+        an.step(_snap(i / 4, {10: 99, 20: 0}))
     states = {s["pid"]: s["state"] for s in an.process_states()}
     assert states[10] == "hung"
     assert states[20] in ("starting", "idle"), states
-    assert [i.kind for i in an.book.all] == ["nccl_stall"]
-    assert an.book.all[0].pids == [10]
+    assert [i.kind for i in an.incidents()] == ["nccl_stall"]
+    assert an.incidents()[0].pids == [10]
 
 
 def test_redaction_of_secret_keys_urls_and_flags():

@@ -275,9 +275,9 @@ def test_watch_lines_for_a_replayed_hang_show_times_and_the_next_step():
         w = Watcher(json_lines=as_json, out=out, warn=warned.append)
         an = Analyzer()
         for snap in TraceReader(TRACES / "nccl_stall").snapshots():
-            changes = an.feed(snap)
+            changes = an.step(snap)
             an.take_requests()
-            w.emit(snap, changes, an.book.drain())
+            w.emit(snap, changes, an.drain())
         text = out.getvalue()
         assert not warned, "the recorded node saw its GPUs"
         if as_json:
@@ -288,7 +288,7 @@ def test_watch_lines_for_a_replayed_hang_show_times_and_the_next_step():
             continue
         lines = text.splitlines()
         i = next(n for n, line in enumerate(lines) if "INCIDENT #1 nccl_stall open" in line)
-        assert re.match(rf"{ISO} INCIDENT #1 nccl_stall open job rdzv:127.0.0.1:29601: opened {ISO} \(\d+ s ago\), "
+        assert re.match(rf"{ISO} INCIDENT #1 nccl_stall open job rdzv:127.0.0.1:29601@1409: opened {ISO} \(\d+ s ago\), "
                         r"culprit ranks \[1\]", lines[i]), lines[i]
         assert lines[i + 2].startswith("    next step: Look at what the culprit rank is doing")
-        assert re.match(rf"{ISO} pid 1411 rank 0 job rdzv:127.0.0.1:29601 -> hung: ", next(x for x in lines if "-> hung" in x))
+        assert re.match(rf"{ISO} pid 1411 rank 0 job rdzv:127.0.0.1:29601@1409 -> hung: ", next(x for x in lines if "-> hung" in x))

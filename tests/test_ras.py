@@ -61,7 +61,7 @@ def test_ras_view_is_attached_to_the_open_hang_incident():
     inc.resolved_at = None
     an.book.open[(inc.job, "hang")] = inc
     inc.pids = [607, 608]
-    an.feed(Snapshot(t=an.view.t + 1, ras=[RasReport(format="text", text=TEXT)]))
+    an.step(Snapshot(t=an.view.t + 1, ras=[RasReport(format="text", text=TEXT)]))
     assert inc.evidence["nccl_ras"]["behind"][0]["rank"] == 1
     assert any(f["kind"] == "ras_behind" and f["ranks"] == [1] for f in inc.findings)
     assert isinstance(an, Analyzer)

@@ -112,4 +112,4 @@ def test_classifier_can_fail_when_the_spin_signature_is_ignored():
         an, _ = run_replay(str(TRACES / "nccl_stall"))
     finally:
         signals.GpuSignals.spins = orig  # type: ignore[method-assign]
-    assert not [i for i in an.book.all if i.kind == "nccl_stall" and i.opened_at - hang_start("nccl_stall") <= 15.0]
+    assert not [i for i in an.incidents() if i.kind == "nccl_stall" and i.opened_at - hang_start("nccl_stall") <= 15.0]

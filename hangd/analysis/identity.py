@@ -225,9 +225,18 @@ def _key(view: NodeView, h: ProcHistory) -> tuple[str, dict[str, str]]:
         if not unique and launcher is not None:
             # plain torchrun: run id "none", the same port every time; one launch = one launcher
             parts["launcher"] = str(launcher)
-        key = "|".join(f"{k}={v}" for k, v in parts.items())
+        # short and readable (it is a metrics label too): the most specific part, then the restart
+        # and the launcher where they are part of the key; the parts themselves are in /jobs
+        if "slurm_job" in parts:
+            key = f"slurm:{parts['slurm_job']}"
+        elif "run_id" in parts:
+            key = f"te:{parts['run_id']}"
+        else:
+            key = f"rdzv:{parts['rendezvous']}"
+        key += (f"/r{parts['restart']}" if "restart" in parts else "") + \
+            (f"@{parts['launcher']}" if "launcher" in parts else "")
         name = parts.get("run_id") or parts.get("slurm_job") or parts.get("rendezvous") or key
-        return f"job:{key}", {**parts, "name": name}
+        return key, {**parts, "name": name}
     if launcher is not None and launcher in view.procs:
         return f"launcher:{launcher}", {"launcher": str(launcher), "name": f"launcher {launcher}"}
     return f"pid:{h.pid}", {"pid": str(h.pid), "name": f"pid {h.pid}"}

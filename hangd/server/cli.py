@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import os
@@ -90,7 +91,10 @@ def _serve(args: argparse.Namespace) -> int:
         try:
             sock = http.bind(host, port)
         except OSError as e:
-            raise ServeError(f"listen {host}:{port}: {e.strerror or e} (is another hangd or another service there?)") from e
+            if e.errno == errno.EADDRINUSE:
+                raise ServeError(f"listen {host}:{port}: address already in use. HINT: another hangd runs "
+                                 "(systemctl status hangd), or pick another port with --listen") from e
+            raise ServeError(f"listen {host}:{port}: {e.strerror or e}") from e
         try:
             return _run(s, sock, token, loopback, temp_db=tmpdir is not None)
         finally:
