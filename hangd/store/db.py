@@ -59,12 +59,17 @@ def sqlite_path(url: str) -> str | None:
     return None if not path or path == ":memory:" else os.path.expanduser(path)
 
 
+PG_CONNECT_TIMEOUT_S = 10
+
+
 def make_engine(url: str) -> Engine:
     if url.startswith("sqlite:///") and not url.startswith("sqlite:///:memory:"):
         path = url[len("sqlite:///"):]
         if path:
             Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)
-    eng = create_engine(url, pool_pre_ping=True, future=True)
+    # a database that does not answer must not hang start-up or a tick: give up after a while
+    connect_args = {"connect_timeout": PG_CONNECT_TIMEOUT_S} if url.startswith("postgresql") else {}
+    eng = create_engine(url, pool_pre_ping=True, future=True, connect_args=connect_args)
     if eng.dialect.name == "sqlite":
         @event.listens_for(eng, "connect")
         def _sqlite_pragmas(conn: Any, _rec: Any) -> None:
@@ -166,7 +171,8 @@ class _Lock:
                 pass
         elif url.startswith("postgresql"):
             self.engine = create_engine(url, poolclass=NullPool,
-                                        connect_args={"application_name": f"hangd {who}"[:63]})
+                                        connect_args={"application_name": f"hangd {who}"[:63],
+                                                      "connect_timeout": PG_CONNECT_TIMEOUT_S})
             self.conn = self.engine.connect()
             got = self.conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": PG_LOCK_KEY}).scalar()
             self.conn.commit()
