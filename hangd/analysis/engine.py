@@ -184,7 +184,7 @@ class Analyzer:
             lasts = [x for p in job.pids if (x := self.progress.of(p).last)]
             out.append({"job": job.id, "name": job.name, "state": str(state), "ranks": {str(r): p for p, r in job.ranks.items()},
                         "rank_from": {str(r): job.rank_source.get(p) for p, r in job.ranks.items()},
-                        "key_parts": job.key_parts, "world_size": job.world_size, "launcher": job.launcher,
+                        "identity": job.key_parts, "world_size": job.world_size, "launcher": job.launcher,
                         "last_progress": round(max(lasts), 3) if lasts else None})
         return out
 

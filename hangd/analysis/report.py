@@ -136,7 +136,7 @@ def evidence(view: NodeView, tracks: dict[int, ProcTrack], job: Job, live: list[
              quiet: float) -> dict[str, Any]:
     ev: dict[str, Any] = {"quiet_for_s": round(quiet, 1), "stacks": {}, "processes": {}, "logs": {}, "environ": {},
                           "gpus": {}, "ranks_from": {str(job.ranks[p]): job.rank_source.get(p, "") for p in job.pids},
-                          "job_key": job.key_parts}
+                          "job_identity": job.key_parts}
     for pid in job.pids:
         r = str(job.ranks[pid])
         tr = tracks.get(pid)

@@ -90,7 +90,7 @@ class JobOut(BaseModel):
     state: str | None
     ranks: dict[str, int]
     rank_from: dict[str, str | None] = Field(default={}, description="per rank: how its rank was known (environment RANK, flight-recorder dump, [rankN] log prefix, command line, GPU index order, ...)")
-    key_parts: dict[str, str] = Field(default={}, description="what the job key was made of (rendezvous, run_id, slurm_job, restart, launcher)")
+    identity: dict[str, str] = Field(default={}, description="what the job key was made of (rendezvous, run_id, slurm_job, restart, launcher)")
     world_size: int | None = None
     launcher: int | None = None
     last_progress: float | None = None

@@ -42,8 +42,8 @@ def test_a_non_default_run_id_and_restart_count_key_the_job():
                  P(7, 5, torchrun_env(1, 2, run_id="llama-7b", TORCHELASTIC_RESTART_COUNT="2"), gpu=1, look="work")])
     node.run(3)
     (job,) = node.jobs()
-    assert job["key_parts"]["run_id"] == "llama-7b" and job["key_parts"]["restart"] == "2"
-    assert "launcher" not in job["key_parts"]  # a unique run id needs no launcher to tell launches apart
+    assert job["identity"]["run_id"] == "llama-7b" and job["identity"]["restart"] == "2"
+    assert "launcher" not in job["identity"]  # a unique run id needs no launcher to tell launches apart
     assert job["rank_from"] == {"0": "environment RANK", "1": "environment RANK"}
 
 
