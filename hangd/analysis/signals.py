@@ -504,7 +504,9 @@ def proc_signals(view: NodeView, pid: int, t: float, th: Thresholds) -> ProcSign
     if latest is not None and latest.start_time:
         start = min(start, latest.start_time)
     sig = ProcSignals(pid=pid, age_s=t - start)
-    win = view.proc_window(pid, t, th.window_s)
+    # one walk back through the history for the widest window; the narrower ones are its tails
+    wide = view.proc_window(pid, t, max(th.window_s, th.io_window_s, th.wake_window_s))
+    win = _tail(wide, t, th.window_s)
     if latest is not None:
         sig.state, sig.wchan, sig.rss, sig.threads = latest.state, latest.wchan, latest.rss_bytes, latest.threads
     if len(win) >= 2:
@@ -567,8 +569,19 @@ def proc_signals(view: NodeView, pid: int, t: float, th: Thresholds) -> ProcSign
             elif sig.log_grew_shared_at is None or fs.grew_at > sig.log_grew_shared_at:
                 sig.log_grew_shared_at = fs.grew_at
     sig.compile_children = view.compile_children.get(pid, 0)
-    _long_signals(sig, view, h, t, th)
+    _long_signals(sig, view, h, t, th, wide)
     return sig
+
+
+def _tail(wide: list[tuple[float, ProcSample]], t: float, window: float) -> list[tuple[float, ProcSample]]:
+    """What ``NodeView.proc_window(pid, t, window)`` returns, cut from a wider window's result."""
+    out = []
+    for tt, p in reversed(wide):
+        out.append((tt, p))
+        if tt < t - window - 1e-6:
+            break
+    out.reverse()
+    return out
 
 
 def _wrote_around(h: ProcHistory, at: float, within: float) -> bool | None:
@@ -591,16 +604,22 @@ def _wrote_around(h: ProcHistory, at: float, within: float) -> bool | None:
     return None if newest is None else False
 
 
-def _long_signals(sig: ProcSignals, view: NodeView, h: ProcHistory, t: float, th: Thresholds) -> None:
+def _long_signals(sig: ProcSignals, view: NodeView, h: ProcHistory, t: float, th: Thresholds,
+                  wide: list[tuple[float, ProcSample]] | None = None) -> None:
     """Signals over windows longer than the classifier's: sustained I/O, main-thread wake-ups,
-    threads that went away."""
-    win = view.proc_window(h.pid, t, th.io_window_s)
+    threads that went away. ``wide``: the process's window at least as wide as both, if at hand."""
+    if wide is None:
+        wide = view.proc_window(h.pid, t, max(th.io_window_s, th.wake_window_s))
+    win = _tail(wide, t, th.io_window_s)
     if len(win) >= 2:
         total = 0
         secs: set[int] = set()
         for (_, a), (t1, b) in zip(win, win[1:], strict=False):
-            if a.io and b.io:
-                d = sum(max(0, b.io.get(k, 0) - a.io.get(k, 0)) for k in ("read_bytes", "write_bytes"))
+            ai, bi = a.io, b.io
+            if ai and bi:
+                # the source hands on the same dict while the counters stand still: nothing moved
+                d = 0 if ai is bi else (max(0, bi.get("read_bytes", 0) - ai.get("read_bytes", 0))
+                                        + max(0, bi.get("write_bytes", 0) - ai.get("write_bytes", 0)))
                 total += d
                 if d >= th.io_bytes_per_s / 4:
                     secs.add(int(t1))
@@ -609,7 +628,7 @@ def _long_signals(sig: ProcSignals, view: NodeView, h: ProcHistory, t: float, th
         if win[0][1].io and win[-1][1].io:
             sig.io_long_per_s = total / span
         sig.io_active_s = len(secs)
-    wwin = view.proc_window(h.pid, t, th.wake_window_s)
+    wwin = _tail(wide, t, th.wake_window_s)
     vals = [(tt, p.voluntary_ctxt_switches) for tt, p in wwin if p.voluntary_ctxt_switches is not None]
     if len(vals) >= 2 and vals[-1][0] - vals[0][0] >= th.wake_window_s / 2:
         sig.wakes_per_s = max(0, vals[-1][1] - vals[0][1]) / (vals[-1][0] - vals[0][0])
