@@ -49,7 +49,12 @@ def _read_bytes(path: str) -> bytes | None:
     except OSError:  # vanished, denied, zombie: absent, not an error
         return None
     try:
-        chunks = []
+        b = os.read(fd, 65536)
+        if len(b) < 4096:
+            # /proc fills a read up to the size asked for (seq_file, environ, cmdline): less than a
+            # page back is the whole file, and the second read that would only say "end" is saved
+            return b
+        chunks = [b]
         while True:
             b = os.read(fd, 65536)
             if not b:
@@ -327,9 +332,9 @@ class ProcSource:
         # the previous reading's objects where the values did not change: a quiet process's
         # history (600 readings each) then holds one copy, not 600
         if old is not None:
-            utime = old.utime if old.utime == utime else utime  # type: ignore[assignment]
-            stime = old.stime if old.stime == stime else stime  # type: ignore[assignment]
-            rss = old.rss_bytes if old.rss_bytes == rss else rss  # type: ignore[assignment]
+            utime = old.utime if old.utime == utime else utime
+            stime = old.stime if old.stime == stime else stime
+            rss = old.rss_bytes if old.rss_bytes == rss else rss
         comm = old.comm if old is not None and old.comm is not None and old.comm.encode() == comm_b \
             else comm_b.decode("utf-8", "replace")
         start = old.start_time if old is not None and old.start_time is not None and prev is not None \
