@@ -18,6 +18,7 @@ from hangd.snapshot import FileSample, GpuSample, ProcInfo, ProcSample, Snapshot
 
 COMPILE_COMMS = re.compile(r"^(ptxas|cc1|cc1plus|nvcc|cicc|gcc|g\+\+|clang|ld|as|ninja|compile_worker|triton)", re.I)
 MiB = 1024 * 1024
+HISTORY = 120  # readings kept per process
 GiB = 1024 * MiB
 
 
@@ -158,7 +159,11 @@ def exception_lines(text: str) -> list[str]:
 class ProcHistory:
     pid: int
     first_seen: float
-    samples: deque[tuple[float, ProcSample]] = field(default_factory=lambda: deque(maxlen=600))
+    # 120 readings: the widest window (io_window_s) at 4 readings a second with room to spare.
+    # What needs older readings is remembered instead (``wrote``): 600 readings of every
+    # watched process were most of a long-running daemon's memory.
+    samples: deque[tuple[float, ProcSample]] = field(default_factory=lambda: deque(maxlen=HISTORY))
+    wrote: dict[tuple[float, float], bool | None] = field(default_factory=dict)
     info: ProcInfo | None = None
     stacks: list[tuple[float, list[StackSample]]] = field(default_factory=list)
     first_ppid: int | None = None
@@ -587,7 +592,21 @@ def _tail(wide: list[tuple[float, ProcSample]], t: float, window: float) -> list
 def _wrote_around(h: ProcHistory, at: float, within: float) -> bool | None:
     """Whether the process's wchar grew in the ``within`` seconds up to ``at`` (None: unknown).
     A little slack: the log's size and the process's counters are read at slightly different
-    moments, and a recorder may have reused a quiet process's counters for a few ticks."""
+    moments, and a recorder may have reused a quiet process's counters for a few ticks.
+    Only readings up to ``at`` count, and they are all in when it is first asked (a log's growth
+    is seen after the readings of the same moment), so the answer is kept: it stays the same
+    after those readings have left the history."""
+    key = (at, within)
+    if key in h.wrote:
+        h.wrote[key] = out = h.wrote.pop(key)  # the newest asked for stays
+        return out
+    out = h.wrote[key] = _wrote_in(h, at, within)
+    if len(h.wrote) > 16:
+        del h.wrote[next(iter(h.wrote))]  # the growth least recently asked about
+    return out
+
+
+def _wrote_in(h: ProcHistory, at: float, within: float) -> bool | None:
     newest: int | None = None
     for tt, p in reversed(h.samples):
         if tt > at + 1e-6:
