@@ -96,6 +96,9 @@ def main() -> None:
         try:
             time.sleep(1.0)
             out[f"dist_scan_{threads}_threads_us"] = round(per_call_us(src._dist_threads, child.pid, 200), 1)
+            seen: set[str] = set()
+            src._dist_threads(child.pid, seen)  # the first scan of a process reads every thread's name
+            out[f"dist_rescan_{threads}_threads_us"] = round(per_call_us(lambda q, s=seen: src._dist_threads(q, s), child.pid, 200), 1)
             out[f"thread_states_{threads}_threads_us"] = round(per_call_us(lambda q: src._thread_states(q, 0), child.pid, 200), 1)
         finally:
             child.kill()

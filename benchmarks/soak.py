@@ -1,11 +1,11 @@
 """RSS of ``hangd serve`` over time while it watches N real processes at 1 Hz.
 
 python -m benchmarks.soak [--json] [--processes 64] [--seconds 600] [--every 15]
--> {"rss_mb": [[seconds, MB], ...], "rss_mb_end", "rss_mb_per_hour_last_half", "rss_mb_1h_extrapolated"}
+-> {"rss_mb": [[seconds, MB], ...], "rss_mb_end", "rss_mb_per_hour_history_full", "rss_mb_1h_extrapolated"}
 
-The analysis keeps 600 readings (10 minutes at 1 Hz) of each process, so RSS grows for the first
-10 minutes and should then stay flat; the slope over the second half of the run, carried to one
-hour, is the extrapolation reported when the run is shorter than an hour.
+The analysis keeps HISTORY readings (2 minutes at 1 Hz) of each process, so RSS grows for the
+first minutes and should then stay flat; the slope once the history is full (from HISTORY + 60 s
+on), carried to one hour, is the extrapolation reported when the run is shorter than an hour.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import psutil
 
 from benchmarks.common import emit
 from benchmarks.overhead import started, stopped
+from hangd.analysis.signals import HISTORY
 
 
 def main() -> None:
@@ -34,11 +35,11 @@ def main() -> None:
         series.append((round(time.monotonic() - t0), round(p.memory_info().rss / 1e6, 1)))
     finally:
         stopped(run)
-    half = [x for x in series if x[0] >= series[-1][0] / 2]
-    slope = (half[-1][1] - half[0][1]) / max(half[-1][0] - half[0][0], 1) * 3600 if len(half) >= 2 else 0.0
+    full = [x for x in series if x[0] >= HISTORY + 60]
+    slope = (full[-1][1] - full[0][1]) / max(full[-1][0] - full[0][0], 1) * 3600 if len(full) >= 2 else 0.0
     end = series[-1][1]
     emit({"processes": n, "seconds": series[-1][0], "rss_mb": series, "rss_mb_end": end,
-          "rss_mb_per_hour_last_half": round(slope, 1),
+          "rss_mb_per_hour_history_full": round(slope, 1),
           "rss_mb_1h_extrapolated": round(end + max(0.0, slope) * max(0.0, 3600 - series[-1][0]) / 3600, 1)},
          f"hangd serve RSS over {seconds:.0f} s, {n} processes")
 

@@ -180,6 +180,7 @@ class _Known:
     info_sent: bool = False
     dist_threads: list[str] | None = None
     dist_scanned: float = -1e18
+    dist_tids: set[str] = field(default_factory=set)  # thread ids the scan for them has read
 
 
 @dataclass
@@ -249,7 +250,7 @@ class ProcSource:
                     and k.comm.startswith(("python", "pt_main_thread", "pt_", "sglang", "vllm", "Vllm")) \
                     and not self._inherits_rank(k):
                 k.dist_scanned = now
-                k.dist_threads = self._dist_threads(pid)
+                k.dist_threads = self._dist_threads(pid, k.dist_tids)
         return pids
 
     def _inherits_rank(self, k: _Known) -> bool:
@@ -259,14 +260,21 @@ class ProcSource:
         parent = self._known.get(k.ppid)
         return k.rank is not None and parent is not None and parent.rank == k.rank
 
-    def _dist_threads(self, pid: int) -> list[str] | None:
-        """Names of torch.distributed threads of ``pid`` (None when it has none)."""
+    def _dist_threads(self, pid: int, seen: set[str] | None = None) -> list[str] | None:
+        """Names of torch.distributed threads of ``pid`` (None when it has none). ``seen``: the
+        thread ids an earlier scan read, skipped and added to. A thread is named as it starts
+        (gloo's, NCCL's), so only new threads can bring a new name: a torch process with a
+        hundred threads costs one directory listing a scan, not a hundred reads."""
         try:
             tids = os.listdir(self._p(pid, "task"))
         except OSError:
             return None
         if len(tids) < 3:
             return None
+        if seen is not None:
+            new = [t for t in tids if t not in seen]
+            seen.update(new)
+            tids = new
         names = set()
         for tid in tids:
             name = (_read(self._p(pid, "task", tid, "comm")) or "").strip()
