@@ -1,5 +1,7 @@
 """What hangd costs: CPU (core fraction), peak RSS and tick time while `hangd serve` watches
-10, 100 and 500 real processes at 1 Hz.
+10, 100 and 500 real processes at 1 Hz, next to a plain read of the same processes' stat,
+status and io once a second in the same run (``cpu_over_plain_read``: hangd's CPU over that floor,
+which moves little with the machine's load; the figures themselves do).
 
 python -m benchmarks.overhead [--json] [--seconds S] [--sizes 10,100,500]
 -> {"cpu_core_fraction", "rss_bytes", "tick_seconds_p50", "tick_seconds_p99", "watched_processes", "gpus", "runs": [...]}
@@ -17,12 +19,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import psutil
 
 from benchmarks.common import emit
+from benchmarks.cost import plain_read
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,50 +54,78 @@ def _quantile(text: str, q: float) -> float | None:
     return buckets[-1][0]
 
 
-def run(n: int, seconds: float) -> dict:
+@dataclass
+class Running:
+    serve: subprocess.Popen[bytes]
+    procs: list[subprocess.Popen[bytes]]
+    url: str
+
+
+def started(n: int) -> Running:
+    """N processes with a torch.distributed environment (one in ten writing a log line a second)
+    and a ``hangd serve`` at 1 Hz that watches them all, warmed up."""
     tmp = Path(tempfile.mkdtemp(prefix="hangd-bench-"))
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT="29999", WORLD_SIZE=str(n))
     procs = []
     for i in range(n):
         code = ("import time,sys\nwhile True:\n print('tick', flush=True); time.sleep(1)" if i % 10 == 0
                 else "import time; time.sleep(1e6)")
-        out = open(tmp / f"p{i}.log", "w")
+        out = open(tmp / f"p{i}.log", "w")  # noqa: SIM115 - the process holds it
         procs.append(subprocess.Popen([sys.executable, "-c", code], env=dict(env, RANK=str(i)), stdout=out,
                                       stderr=subprocess.STDOUT))
     port = _port()
     serve = subprocess.Popen([sys.executable, "-m", "hangd", "serve", "--listen", f"127.0.0.1:{port}", "--interval", "1",
                               "--db", f"sqlite:///{tmp / 'h.db'}"], cwd=ROOT, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL, env=dict(os.environ, HANGD_JOB_ENV="MASTER_ADDR"))
+    url = f"http://127.0.0.1:{port}"
+    t_end = time.time() + 60
+    while time.time() < t_end:
+        try:
+            if len(httpx.get(url + "/processes", timeout=5).json()) >= n:
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    time.sleep(5)  # warm: every process seen, static facts read
+    return Running(serve, procs, url)
+
+
+def stopped(run: Running) -> None:
+    run.serve.terminate()
+    run.serve.wait(20)
+    for x in run.procs:
+        x.kill()
+    for x in run.procs:
+        x.wait()
+
+
+def run(n: int, seconds: float) -> dict:
+    r = started(n)
     try:
-        url = f"http://127.0.0.1:{port}"
-        t_end = time.time() + 60
-        while time.time() < t_end:
-            try:
-                if len(httpx.get(url + "/processes", timeout=5).json()) >= n:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        time.sleep(5)  # warm: every process seen, static facts read
-        p = psutil.Process(serve.pid)
+        p = psutil.Process(r.serve.pid)
+        pids = [int(x["pid"]) for x in httpx.get(r.url + "/processes", timeout=10).json()]
         c0, t0 = p.cpu_times(), time.monotonic()
-        rss = 0
+        rss, plain = 0, 0.0
         while time.monotonic() - t0 < seconds:
             rss = max(rss, p.memory_info().rss)
+            # the same files a plain /proc monitor would read for the same processes, in this
+            # process, once a second like hangd: the floor hangd's own figure is compared with
+            p0 = time.thread_time()
+            plain_read(pids)
+            plain += time.thread_time() - p0
             time.sleep(1)
         c1, t1 = p.cpu_times(), time.monotonic()
-        metrics = httpx.get(url + "/metrics", timeout=10).text
-        watched = len(httpx.get(url + "/processes", timeout=10).json())
+        metrics = httpx.get(r.url + "/metrics", timeout=10).text
+        watched = len(httpx.get(r.url + "/processes", timeout=10).json())
         cpu = ((c1.user + c1.system) - (c0.user + c0.system)) / (t1 - t0)
+        plain_frac = plain / (t1 - t0)
         return {"processes": n, "watched_processes": watched, "cpu_core_fraction": round(cpu, 4), "rss_bytes": rss,
-                "tick_seconds_p50": _quantile(metrics, 0.5), "tick_seconds_p99": _quantile(metrics, 0.99)}
+                "plain_read_core_fraction": round(plain_frac, 5),
+                "cpu_over_plain_read": round(cpu / plain_frac, 1) if plain_frac > 0 else None,
+                "tick_seconds_p50": _quantile(metrics, 0.5), "tick_seconds_p99": _quantile(metrics, 0.99),
+                "load_avg_1m": os.getloadavg()[0]}
     finally:
-        serve.terminate()
-        serve.wait(20)
-        for x in procs:
-            x.kill()
-        for x in procs:
-            x.wait()
+        stopped(r)
 
 
 def main() -> None:

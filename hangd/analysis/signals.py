@@ -18,6 +18,7 @@ from hangd.snapshot import FileSample, GpuSample, ProcInfo, ProcSample, Snapshot
 
 COMPILE_COMMS = re.compile(r"^(ptxas|cc1|cc1plus|nvcc|cicc|gcc|g\+\+|clang|ld|as|ninja|compile_worker|triton)", re.I)
 MiB = 1024 * 1024
+HISTORY = 120  # readings kept per process
 GiB = 1024 * MiB
 
 
@@ -158,7 +159,11 @@ def exception_lines(text: str) -> list[str]:
 class ProcHistory:
     pid: int
     first_seen: float
-    samples: deque[tuple[float, ProcSample]] = field(default_factory=lambda: deque(maxlen=600))
+    # 120 readings: the widest window (io_window_s) at 4 readings a second with room to spare.
+    # What needs older readings is remembered instead (``wrote``): 600 readings of every
+    # watched process were most of a long-running daemon's memory.
+    samples: deque[tuple[float, ProcSample]] = field(default_factory=lambda: deque(maxlen=HISTORY))
+    wrote: dict[tuple[float, float], bool | None] = field(default_factory=dict)
     info: ProcInfo | None = None
     stacks: list[tuple[float, list[StackSample]]] = field(default_factory=list)
     first_ppid: int | None = None
@@ -506,7 +511,9 @@ def proc_signals(view: NodeView, pid: int, t: float, th: Thresholds) -> ProcSign
     if latest is not None and latest.start_time:
         start = min(start, latest.start_time)
     sig = ProcSignals(pid=pid, age_s=t - start)
-    win = view.proc_window(pid, t, th.window_s)
+    # one walk back through the history for the widest window; the narrower ones are its tails
+    wide = view.proc_window(pid, t, max(th.window_s, th.io_window_s, th.wake_window_s))
+    win = _tail(wide, t, th.window_s)
     if latest is not None:
         sig.state, sig.wchan, sig.rss, sig.threads = latest.state, latest.wchan, latest.rss_bytes, latest.threads
     if len(win) >= 2:
@@ -569,14 +576,39 @@ def proc_signals(view: NodeView, pid: int, t: float, th: Thresholds) -> ProcSign
             elif sig.log_grew_shared_at is None or fs.grew_at > sig.log_grew_shared_at:
                 sig.log_grew_shared_at = fs.grew_at
     sig.compile_children = view.compile_children.get(pid, 0)
-    _long_signals(sig, view, h, t, th)
+    _long_signals(sig, view, h, t, th, wide)
     return sig
+
+
+def _tail(wide: list[tuple[float, ProcSample]], t: float, window: float) -> list[tuple[float, ProcSample]]:
+    """What ``NodeView.proc_window(pid, t, window)`` returns, cut from a wider window's result."""
+    out = []
+    for tt, p in reversed(wide):
+        out.append((tt, p))
+        if tt < t - window - 1e-6:
+            break
+    out.reverse()
+    return out
 
 
 def _wrote_around(h: ProcHistory, at: float, within: float) -> bool | None:
     """Whether the process's wchar grew in the ``within`` seconds up to ``at`` (None: unknown).
     A little slack: the log's size and the process's counters are read at slightly different
-    moments, and a recorder may have reused a quiet process's counters for a few ticks."""
+    moments, and a recorder may have reused a quiet process's counters for a few ticks.
+    Only readings up to ``at`` count, and they are all in when it is first asked (a log's growth
+    is seen after the readings of the same moment), so the answer is kept: it stays the same
+    after those readings have left the history."""
+    key = (at, within)
+    if key in h.wrote:
+        h.wrote[key] = out = h.wrote.pop(key)  # the newest asked for stays
+        return out
+    out = h.wrote[key] = _wrote_in(h, at, within)
+    if len(h.wrote) > 16:
+        del h.wrote[next(iter(h.wrote))]  # the growth least recently asked about
+    return out
+
+
+def _wrote_in(h: ProcHistory, at: float, within: float) -> bool | None:
     newest: int | None = None
     for tt, p in reversed(h.samples):
         if tt > at + 1e-6:
@@ -593,16 +625,22 @@ def _wrote_around(h: ProcHistory, at: float, within: float) -> bool | None:
     return None if newest is None else False
 
 
-def _long_signals(sig: ProcSignals, view: NodeView, h: ProcHistory, t: float, th: Thresholds) -> None:
+def _long_signals(sig: ProcSignals, view: NodeView, h: ProcHistory, t: float, th: Thresholds,
+                  wide: list[tuple[float, ProcSample]] | None = None) -> None:
     """Signals over windows longer than the classifier's: sustained I/O, main-thread wake-ups,
-    threads that went away."""
-    win = view.proc_window(h.pid, t, th.io_window_s)
+    threads that went away. ``wide``: the process's window at least as wide as both, if at hand."""
+    if wide is None:
+        wide = view.proc_window(h.pid, t, max(th.io_window_s, th.wake_window_s))
+    win = _tail(wide, t, th.io_window_s)
     if len(win) >= 2:
         total = 0
         secs: set[int] = set()
         for (_, a), (t1, b) in zip(win, win[1:], strict=False):
-            if a.io and b.io:
-                d = sum(max(0, b.io.get(k, 0) - a.io.get(k, 0)) for k in ("read_bytes", "write_bytes"))
+            ai, bi = a.io, b.io
+            if ai and bi:
+                # the source hands on the same dict while the counters stand still: nothing moved
+                d = 0 if ai is bi else (max(0, bi.get("read_bytes", 0) - ai.get("read_bytes", 0))
+                                        + max(0, bi.get("write_bytes", 0) - ai.get("write_bytes", 0)))
                 total += d
                 if d >= th.io_bytes_per_s / 4:
                     secs.add(int(t1))
@@ -611,7 +649,7 @@ def _long_signals(sig: ProcSignals, view: NodeView, h: ProcHistory, t: float, th
         if win[0][1].io and win[-1][1].io:
             sig.io_long_per_s = total / span
         sig.io_active_s = len(secs)
-    wwin = view.proc_window(h.pid, t, th.wake_window_s)
+    wwin = _tail(wide, t, th.wake_window_s)
     vals = [(tt, p.voluntary_ctxt_switches) for tt, p in wwin if p.voluntary_ctxt_switches is not None]
     if len(vals) >= 2 and vals[-1][0] - vals[0][0] >= th.wake_window_s / 2:
         sig.wakes_per_s = max(0, vals[-1][1] - vals[0][1]) / (vals[-1][0] - vals[0][0])

@@ -33,6 +33,7 @@ MAX_ANCESTORS = 3
 EXEC_GRACE_S = 3.0
 THREADS_EVERY_S = 5.0
 QUIET_REFRESH_S = 10.0
+CHILD_EVERY_S = 5.0  # status and io of a quiet child of a rank (data loader, compile worker)
 DEFAULT_JOB_ENV = ("MASTER_ADDR", "TORCHELASTIC_RUN_ID")
 # Threads torch.distributed starts in every rank (gloo's and NCCL's): a process that has them is a
 # rank even when it holds no GPU and its rank came as an argument (an inference server's workers).
@@ -48,7 +49,12 @@ def _read_bytes(path: str) -> bytes | None:
     except OSError:  # vanished, denied, zombie: absent, not an error
         return None
     try:
-        chunks = []
+        b = os.read(fd, 65536)
+        if len(b) < 4096:
+            # /proc fills a read up to the size asked for (seq_file, environ, cmdline): less than a
+            # page back is the whole file, and the second read that would only say "end" is saved
+            return b
+        chunks = [b]
         while True:
             b = os.read(fd, 65536)
             if not b:
@@ -84,6 +90,39 @@ def parse_stat(text: str) -> dict[str, object] | None:
         "starttime_ticks": int(rest[19]),
         "rss_bytes": int(rest[21]) * PAGE_SIZE,
     }
+
+
+def _stat_fields(b: bytes) -> tuple[bytes, list[bytes]] | None:
+    """(comm, the fields after it) of a /proc/PID/stat read as bytes; None if malformed. The hot
+    path's parser: no text decoding, no dict."""
+    lp, rp = b.find(b"("), b.rfind(b")")
+    if lp < 0 or rp < 0:
+        return None
+    rest = b[rp + 2 :].split()
+    if len(rest) < 22:
+        return None
+    return b[lp + 1 : rp], rest
+
+
+def _status_field(b: bytes, key: bytes) -> int | None:
+    """The number after ``key`` (b"\\nVmSwap:") in /proc/PID/status, found without splitting the
+    file into its ~55 lines."""
+    i = b.find(key)
+    if i < 0:
+        return None
+    j = b.find(b"\n", i + len(key))
+    v = b[i + len(key) : j if j >= 0 else None].split()
+    return int(v[0]) if v and v[0].isdigit() else None
+
+
+def _parse_io(b: bytes) -> dict[str, int]:
+    out = {}
+    for line in b.split(b"\n"):
+        k, sep, v = line.partition(b":")
+        v = v.strip()
+        if sep and v.isdigit():
+            out[k.decode()] = int(v)
+    return out
 
 
 def parse_kv(text: str) -> dict[str, str]:
@@ -141,6 +180,7 @@ class _Known:
     info_sent: bool = False
     dist_threads: list[str] | None = None
     dist_scanned: float = -1e18
+    dist_tids: set[str] = field(default_factory=set)  # thread ids the scan for them has read
 
 
 @dataclass
@@ -157,7 +197,16 @@ class ProcSource:
     _btime: float | None = None
     _rank_parents: set[int] = field(default_factory=set)
     _threads_at: dict[int, tuple[float, dict[str, int]]] = field(default_factory=dict)
-    _last: dict[int, tuple[tuple[object, ...], float, ProcSample]] = field(default_factory=dict)
+    _io_raw: dict[int, bytes] = field(default_factory=dict)
+    _job_env_cache: tuple[tuple[str, ...], tuple[bytes, ...]] = ((), ())
+    # pid -> (stat key, when everything was last read, last reading, when status and io were last read)
+    _last: dict[int, tuple[tuple[object, ...], float, ProcSample, float]] = field(default_factory=dict)
+
+    @property
+    def _job_env_b(self) -> tuple[bytes, ...]:
+        if self._job_env_cache[0] != self.job_env:
+            self._job_env_cache = (self.job_env, tuple(k.encode() for k in self.job_env))
+        return self._job_env_cache[1]
 
     def _p(self, pid: int, *parts: str) -> str:
         return f"{self.proc_root}/{pid}/" + "/".join(parts) if parts else f"{self.proc_root}/{pid}"
@@ -182,6 +231,7 @@ class ProcSource:
             del self._known[gone]
             self._threads_at.pop(gone, None)
             self._last.pop(gone, None)
+            self._io_raw.pop(gone, None)
         now = time.monotonic()
         for pid in pids - set(self._known):
             st = parse_stat(_read(self._p(pid, "stat")) or "")
@@ -197,19 +247,34 @@ class ProcSource:
             if not k.job_env and now - k.seen < EXEC_GRACE_S:
                 self._read_env(pid, k)
             if k.dist_threads is None and now - k.dist_scanned >= DIST_SCAN_EVERY_S and now - k.seen < DIST_SCAN_FOR_S \
-                    and k.comm.startswith(("python", "pt_main_thread", "pt_", "sglang", "vllm", "Vllm")):
+                    and k.comm.startswith(("python", "pt_main_thread", "pt_", "sglang", "vllm", "Vllm")) \
+                    and not self._inherits_rank(k):
                 k.dist_scanned = now
-                k.dist_threads = self._dist_threads(pid)
+                k.dist_threads = self._dist_threads(pid, k.dist_tids)
         return pids
 
-    def _dist_threads(self, pid: int) -> list[str] | None:
-        """Names of torch.distributed threads of ``pid`` (None when it has none)."""
+    def _inherits_rank(self, k: _Known) -> bool:
+        """Its parent has its RANK: a data loader or compile worker forked by a rank. Such a child
+        is never taken for a rank, whatever threads it runs (see ``_role``), so the scan for
+        torch.distributed threads (a file read per thread, ~1 ms for 64 threads) is spared."""
+        parent = self._known.get(k.ppid)
+        return k.rank is not None and parent is not None and parent.rank == k.rank
+
+    def _dist_threads(self, pid: int, seen: set[str] | None = None) -> list[str] | None:
+        """Names of torch.distributed threads of ``pid`` (None when it has none). ``seen``: the
+        thread ids an earlier scan read, skipped and added to. A thread is named as it starts
+        (gloo's, NCCL's), so only new threads can bring a new name: a torch process with a
+        hundred threads costs one directory listing a scan, not a hundred reads."""
         try:
             tids = os.listdir(self._p(pid, "task"))
         except OSError:
             return None
         if len(tids) < 3:
             return None
+        if seen is not None:
+            new = [t for t in tids if t not in seen]
+            seen.update(new)
+            tids = new
         names = set()
         for tid in tids:
             name = (_read(self._p(pid, "task", tid, "comm")) or "").strip()
@@ -220,10 +285,15 @@ class ProcSource:
     def _read_env(self, pid: int, k: _Known) -> None:
         raw = _read_bytes(self._p(pid, "environ"))
         if raw:
-            env = {kv.partition(b"=")[0]: kv.partition(b"=")[2] for kv in raw.split(b"\0")}
-            k.job_env = any(key.encode() in env for key in self.job_env)
-            if b"RANK" in env:
-                k.rank = env[b"RANK"].decode("utf-8", "replace")
+            # searched in place, not split into a dict: every process new on the host comes here,
+            # and a compiling job starts thousands
+            env = b"\0" + raw + b"\0"
+            k.job_env = any(b"\0" + key + b"=" in env or b"\0" + key + b"\0" in env for key in self._job_env_b)
+            i = env.rfind(b"\0RANK=")  # the last one, as a dict of the environment would keep
+            if i >= 0:
+                k.rank = env[i + 6 : env.index(b"\0", i + 6)].decode("utf-8", "replace")
+            elif b"\0RANK\0" in env:
+                k.rank = ""
 
     def watched(self, gpu_pids: Iterable[int]) -> set[int]:
         """The pids to read this tick."""
@@ -253,65 +323,92 @@ class ProcSource:
         out |= {p for p in self._watched if p in self._known}
         return out
 
-    def read_sample(self, pid: int) -> ProcSample | None:
-        st = parse_stat(_read(self._p(pid, "stat")) or "")
-        if st is None:
+    def read_sample(self, pid: int, role: str | None = None) -> ProcSample | None:
+        """One reading of ``pid``; ``role`` (as ``_role`` names it) decides how often the files
+        that did not move are read again: see below."""
+        raw = _read_bytes(self._p(pid, "stat"))
+        f = _stat_fields(raw) if raw is not None else None
+        if f is None:
             return None
-        s = ProcSample(
-            pid=pid,
-            ppid=int(st["ppid"]),  # type: ignore[call-overload]
-            comm=str(st["comm"]),
-            state=str(st["state"]),
-            utime=int(st["utime"]),  # type: ignore[call-overload]
-            stime=int(st["stime"]),  # type: ignore[call-overload]
-            threads=int(st["threads"]),  # type: ignore[call-overload]
-            rss_bytes=int(st["rss_bytes"]),  # type: ignore[call-overload]
-            start_time=self.boot_time() + int(st["starttime_ticks"]) / CLK_TCK,  # type: ignore[call-overload]
-        )
+        comm_b, rest = f
+        state = rest[0].decode()
+        utime, stime, threads = int(rest[11]), int(rest[12]), int(rest[17])
+        rss = int(rest[21]) * PAGE_SIZE
+        now = time.monotonic()
+        prev = self._last.get(pid)
+        old = prev[2] if prev is not None else None
+        # the previous reading's objects where the values did not change: a quiet process's
+        # history (600 readings each) then holds one copy, not 600
+        if old is not None:
+            utime = old.utime if old.utime == utime else utime
+            stime = old.stime if old.stime == stime else stime
+            rss = old.rss_bytes if old.rss_bytes == rss else rss
+        comm = old.comm if old is not None and old.comm is not None and old.comm.encode() == comm_b \
+            else comm_b.decode("utf-8", "replace")
+        start = old.start_time if old is not None and old.start_time is not None and prev is not None \
+            and prev[0][5] == rest[19] else self.boot_time() + int(rest[19]) / CLK_TCK
+        s = ProcSample(pid=pid, ppid=int(rest[1]), comm=comm, state=state, utime=utime, stime=stime, threads=threads,
+                       rss_bytes=rss, start_time=start)
         # A process whose stat did not move (same CPU time, state, threads, memory) did nothing
         # since the last tick: reuse the rest of its last reading instead of four more reads, and
         # read everything anyway every QUIET_REFRESH_S. Most watched processes sleep most of the time.
-        key = (s.state, s.utime, s.stime, s.threads, s.rss_bytes)
-        now = time.monotonic()
-        prev = self._last.get(pid)
-        if prev is not None and prev[0] == key and now - prev[1] < QUIET_REFRESH_S and s.state != "D":
-            old = prev[2]
+        key = (state, utime, stime, threads, rss, rest[19])
+        if prev is not None and old is not None and prev[0] == key and now - prev[1] < QUIET_REFRESH_S and state != "D":
             s.swap_bytes, s.wchan = old.swap_bytes, old.wchan
-            # The I/O counters and context switches are read every tick even so: whose write a log's
-            # growth was needs the first, and a collective that completes 20 times a second on a few
-            # microseconds of CPU (an idle server's loop) shows only in the second.
+            s.thread_states = old.thread_states  # never changed in place: shared, not copied
+            # The I/O counters and context switches of ranks (and of whatever holds a GPU or is
+            # not known as a child) are read every tick even so: whose write a log's growth was
+            # needs the first, and a collective that completes 20 times a second on a few
+            # microseconds of CPU (an idle server's loop) shows only in the second. A rank's child
+            # (data loader, compile worker) whose stat did not move reads them every CHILD_EVERY_S:
+            # no decision waits on its wake-ups, and a node runs many of them.
+            if role == "child" and now - prev[3] < CHILD_EVERY_S:
+                s.voluntary_ctxt_switches = old.voluntary_ctxt_switches
+                s.nonvoluntary_ctxt_switches = old.nonvoluntary_ctxt_switches
+                s.io = old.io
+                return s
             self._read_status(pid, s)
-            io = _read(self._p(pid, "io"))
-            s.io = {k: int(v) for k, v in parse_kv(io).items() if v.isdigit()} if io else old.io
-            s.thread_states = dict(old.thread_states) if old.thread_states else None
+            io = _read_bytes(self._p(pid, "io"))
+            s.io = self._io(pid, io, old) if io else old.io
+            self._last[pid] = (key, prev[1], s, now)
             return s
-        self._read_details(pid, s)
-        self._last[pid] = (key, now, s)
+        self._read_details(pid, s, old)
+        self._last[pid] = (key, now, s, now)
         return s
 
-    def _read_status(self, pid: int, s: ProcSample) -> None:
-        for line in (_read(self._p(pid, "status")) or "").splitlines():
-            if line.startswith(("voluntary_ctxt", "nonvoluntary_ctxt", "VmSwap")):
-                key, _, val = line.partition(":")
-                v = val.split()
-                if v and v[0].isdigit():
-                    if key == "VmSwap":
-                        s.swap_bytes = int(v[0]) * 1024
-                    else:
-                        setattr(s, key, int(v[0]))
+    def _io(self, pid: int, raw: bytes, old: ProcSample | None) -> dict[str, int]:
+        """/proc/PID/io parsed, or the last reading's dict when the file reads the same (no parse,
+        no new objects: the counters of a process that waits stand still)."""
+        if old is not None and old.io is not None and self._io_raw.get(pid) == raw:
+            return old.io
+        self._io_raw[pid] = raw
+        return _parse_io(raw)
 
-    def _read_details(self, pid: int, s: ProcSample) -> None:
+    def _read_status(self, pid: int, s: ProcSample) -> None:
+        raw = _read_bytes(self._p(pid, "status"))
+        if raw:
+            s.voluntary_ctxt_switches = _status_field(raw, b"\nvoluntary_ctxt_switches:")
+            s.nonvoluntary_ctxt_switches = _status_field(raw, b"\nnonvoluntary_ctxt_switches:")
+            swap = _status_field(raw, b"\nVmSwap:")
+            if swap is not None:
+                s.swap_bytes = swap * 1024
+
+    def _read_details(self, pid: int, s: ProcSample, old: ProcSample | None = None) -> None:
         self._read_status(pid, s)
-        io = _read(self._p(pid, "io"))
+        io = _read_bytes(self._p(pid, "io"))
         if io:
-            s.io = {k: int(v) for k, v in parse_kv(io).items() if v.isdigit()}
+            s.io = self._io(pid, io, old)
         wchan = _read(self._p(pid, "wchan"))
         if wchan is not None:
             s.wchan = wchan.strip() or "0"
+            if old is not None and old.wchan == s.wchan:
+                s.wchan = old.wchan
         if s.state == "Z":
             s.thread_states = {"Z": 1}
         else:
             s.thread_states = self._thread_states(pid, s.threads or 0)
+            if old is not None and old.thread_states == s.thread_states:
+                s.thread_states = old.thread_states
 
     def _thread_states(self, pid: int, nthreads: int) -> dict[str, int] | None:
         """Per-thread state counts. A process with hundreds of threads (an inference server has
@@ -395,12 +492,13 @@ class ProcSource:
                               and (c in gpu_pids or k.job_env)}
         for pid in sorted(watched):
             known = self._known.get(pid)
-            s = self.read_sample(pid)
+            role = self._role(pid, known, watched, gpu_pids) if known is not None else None
+            s = self.read_sample(pid, role)
             if s is None or known is None:
                 snap.procs.append(ProcSample(pid=pid, gone=True))
                 self._known.pop(pid, None)
                 continue
-            s.role = self._role(pid, known, watched, gpu_pids)
+            s.role = role
             s.dist_threads = known.dist_threads
             if not known.info_sent:
                 info = self.read_info(pid)

@@ -1,0 +1,26 @@
+"""hangd's cost per watched process per tick must not creep up.
+
+Absolute CPU figures move with the machine and its load, so the test measures the tick against
+a plain read of the same /proc files (stat, status, io of every watched process) in the same
+thread and run, and fails when that ratio is more than twice the committed one
+(benchmarks/results/cost-ratio.json, from ``python -m benchmarks.cost``). The targets themselves
+are in BENCHMARKS.md, measured by the benchmarks, not here."""
+
+from __future__ import annotations
+
+import json
+
+from benchmarks.cost import measure
+
+from .conftest import ROOT
+
+COMMITTED = json.loads((ROOT / "benchmarks" / "results" / "cost-ratio.json").read_text())
+
+
+def test_tick_cost_per_process_stays_within_twice_the_committed_ratio():
+    r = measure(ranks=6, children=3, gpus=2, ticks=16, interval=0.25)
+    assert r["watched"] >= 24, f"the benchmark's 6 ranks and 18 children were not all watched: {r}"
+    assert sum(n for s, n in r["states"].items() if s != "gone") >= 6, f"the ranks were not analysed as a job: {r}"
+    assert r["ratio"] <= 2 * COMMITTED["ratio"], (
+        f"one tick costs {r['ratio']}x a plain read of the same /proc files (committed: {COMMITTED['ratio']}x, "
+        f"{r['tick_cpu_us_per_process']} us per watched process): {r}")
