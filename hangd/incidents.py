@@ -3,6 +3,7 @@ resolved by the analysis. One incident per job per episode and family."""
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -88,6 +89,10 @@ class Incident:
         }
 
 
+REFRESH_S = 10.0  # an open incident's ticking figures reach the store and watchers this often
+_DURATION = re.compile(r"\d+(?:\.\d+)? s\b")
+
+
 class IncidentBook:
     """Open incidents by (job, family), and every incident ever opened in this run."""
 
@@ -101,6 +106,7 @@ class IncidentBook:
         self.changed: list[Incident] = []  # touched since the last drain()
         self.adopted: dict[tuple[str, str], Incident] = {}  # open in the store when hangd started
         self._fingerprint: dict[int, tuple[Any, ...]] = {}
+        self._marked_at: dict[int, float] = {}
         self.opened_by_kind: dict[str, int] = {}  # incidents opened since start, by kind (a counter)
 
     @property
@@ -125,6 +131,7 @@ class IncidentBook:
             old = next(i for i in self.recent if not i.open)
             self.recent.remove(old)
             self._fingerprint.pop(old.id, None)
+            self._marked_at.pop(old.id, None)
             self.dropped += 1
             resolved -= 1
 
@@ -174,11 +181,15 @@ class IncidentBook:
             del inc.timeline[1:-50]
             if inc not in self.changed:
                 self.changed.append(inc)
-        # what a person reads changed (summary, culprits, kind): every view must show it
-        fp = (inc.kind, inc.summary, tuple(inc.culprit_pids), tuple(inc.culprit_ranks), tuple(inc.pids), inc.next_step,
-              len(inc.findings))
-        if self._fingerprint.get(inc.id) != fp:
+        # What a person reads changed (kind, culprits, the summary's words): every view must show it
+        # now. Counters in the summary ("has waited 41 s") tick every second: those are brought up
+        # to date every REFRESH_S, not written on every tick.
+        fp = (inc.kind, _DURATION.sub("N s", inc.summary), tuple(inc.culprit_pids), tuple(inc.culprit_ranks),
+              tuple(inc.pids), inc.next_step, len(inc.findings))
+        stale = t - self._marked_at.get(inc.id, t) >= REFRESH_S
+        if self._fingerprint.get(inc.id) != fp or stale:
             self._fingerprint[inc.id] = fp
+            self._marked_at[inc.id] = t
             if inc not in self.changed:
                 self.changed.append(inc)
 
