@@ -476,6 +476,7 @@ class Analyzer:
             or rd.local in (Local.SERVING, Local.SPINNING, Local.WAITING) \
             or (rd.local == Local.QUIET and p.verdict.known and p.verdict_t is not None) \
             or (p.quiet_since is not None and t - p.quiet_since >= th.startup_quiet_s and s.age_s >= th.startup_quiet_s) \
+            or (p.quiet_since is not None and s.age_s >= th.startup_cpu_s + th.startup_quiet_s) \
             or s.age_s >= th.startup_max_s
         if rd.local in (Local.CPU, Local.BUSY) and not s.gpu_indexes:
             conclusive = s.age_s >= th.startup_cpu_s and self.progress.of(pid).last_strong is not None
