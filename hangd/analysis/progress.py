@@ -77,7 +77,10 @@ class ProgressBook:
                         f"GPU {s.gpu_indexes[0]} memory controller {g.util_mem or 0:.0f}% busy", strong=True)
         if abs(s.gpu_mem_change) >= th.gpu_mem_change_bytes:
             self.credit(pid, t, f"GPU memory changed by {s.gpu_mem_change / GiB:+.2f} GiB", strong=True)
-        io = (s.read_per_s or 0) + (s.write_per_s or 0)
+        # a rank whose main thread stays blocked (a collective, the store, an event) is not moving data for
+        # the job: a side thread is (a flight-recorder dump importing modules and writing its file)
+        blocked = last_wait in ("collective", "store", "lock_wait")
+        io = 0.0 if blocked else (s.read_per_s or 0) + (s.write_per_s or 0)
         if io >= th.io_bytes_per_s:
             if p.io_since is None:
                 p.io_since = t
@@ -85,16 +88,14 @@ class ProgressBook:
             self.credit(pid, t, f"disk I/O {io / 1e6:.0f} MB/s", strong=t - p.io_since >= th.io_sustain_s)
         else:
             p.io_since = None
-        if (s.io_long_per_s or 0) >= th.io_bytes_per_s and s.io_active_s >= th.io_sustained_s and s.io_last_at is not None:
+        if not blocked and (s.io_long_per_s or 0) >= th.io_bytes_per_s and s.io_active_s >= th.io_sustained_s \
+                and s.io_last_at is not None:
             # a slow reader reads in bursts with sleeps between: bytes read over a longer window,
             # credited when they were last read
             self.credit(pid, s.io_last_at, f"disk I/O {s.io_long_per_s / 1e6:.0f} MB/s over the last "  # type: ignore[operator]
                         f"{th.io_window_s:.0f} s", strong=True)
         if s.log_grew_at is not None and t - s.log_grew_at <= th.window_s:
             self.credit(pid, s.log_grew_at, "it wrote to its log", strong=True)
-        # a rank whose main thread stays blocked (a collective, the store, an event) is not moving data for
-        # the job: a side thread is (a flight-recorder dump importing modules and writing its file)
-        blocked = last_wait in ("collective", "store", "lock_wait")
         if not s.gpu_indexes and not blocked and (s.rchar_per_s or 0) + (s.wchar_per_s or 0) >= th.socket_char_per_s and \
                 (s.cpu_cores or 0) >= th.cpu_active_cores:
             # read/write syscalls also count file reads (imports, a dump being written): only data

@@ -89,8 +89,13 @@ def _culprit(env: Env, jv: JobView) -> Culprit | None:
     waiting = jv.waiting
     if waiting:
         others = [p for p in jv.live if p not in waiting]
+        # a rank whose stack shows it somewhere else is the one they wait for; a rank with no stack
+        # yet may just not have been captured (stacks of several ranks arrive over a few ticks)
+        seen = [p for p in others if (tp := env.tracks.get(p)) is not None and tp.verdict_t is not None]
+        if seen:
+            return Culprit(jv.by_rank(seen), 2, "its peers wait for it in a collective; its stack is elsewhere")
         if others:
-            return Culprit(jv.by_rank(others), 2, "its peers wait for it in a collective")
+            return Culprit(jv.by_rank(others), 1, "its peers wait for it in a collective")
     return None
 
 
