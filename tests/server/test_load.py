@@ -106,21 +106,27 @@ async def _crowd(port: int) -> dict[str, object]:
         while time.monotonic() < deadline:
             try:
                 r, w = await asyncio.open_connection("127.0.0.1", port)
-                w.write(b"GET /healthz HTTP/1.1\r\nHost: hangd\r\n")
-                n = 0
-                while time.monotonic() < deadline and not r.at_eof():
+            except OSError:
+                await asyncio.sleep(0.2)
+                continue
+            w.write(b"GET /healthz HTTP/1.1\r\nHost: hangd\r\n")
+            n = 0
+            # closed by hangd however this client learns it: end of stream seen in a read, seen
+            # between reads (a busy loop may run the read's timeout before the end-of-stream
+            # callback), or a reset on the next write
+            closed = False
+            while time.monotonic() < deadline and not closed:
+                try:
                     w.write(f"X-Slow-{n}: {'a' * 10}\r\n".encode())
                     n += 1
                     await w.drain()
-                    try:
-                        if await asyncio.wait_for(r.read(1), 1.0) == b"":
-                            counts["slow_closed_by_hangd"] += 1
-                            break
-                    except TimeoutError:
-                        pass
-                w.close()
-            except OSError:
-                await asyncio.sleep(0.2)
+                    closed = await asyncio.wait_for(r.read(1), 1.0) == b""
+                except TimeoutError:  # first: TimeoutError is an OSError too
+                    closed = r.at_eof()
+                except OSError:
+                    closed = True
+            counts["slow_closed_by_hangd"] += closed
+            w.close()
 
     tasks = [asyncio.create_task(idle()) for _ in range(IDLE)] + [asyncio.create_task(slow()) for _ in range(SLOW)]
     await asyncio.sleep(1.0)  # the idle and slow connections are in place before the honest crowd comes
