@@ -94,11 +94,6 @@ class _Ranker:
         self.th = th
         self.memo: dict[int, bool] = {}
 
-    def own_rank(self, h: ProcHistory) -> bool:
-        """A rank in its environment that it did not inherit from an ancestor."""
-        r = env_rank(h)
-        return r is not None and not any(env_rank(a) == r for a in ancestors(self.view, h))
-
     def candidate(self, h: ProcHistory) -> bool:
         if h.pid in self.memo:
             return self.memo[h.pid]

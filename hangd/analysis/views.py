@@ -96,8 +96,5 @@ class JobView:
     def serving(self) -> set[int]:
         return self.with_local(Local.SERVING)
 
-    def rank(self, pid: int) -> int:
-        return self.job.ranks.get(pid, -1)
-
     def by_rank(self, pids: set[int] | list[int]) -> list[int]:
         return sorted(pids, key=lambda p: (self.job.ranks.get(p, 1 << 30), p))
