@@ -134,3 +134,14 @@ def test_a_node_without_gpu_readings_reports_gpu_memory_as_unknown_not_zero():
         an.step(snap)
     procs = an.processes()
     assert procs and procs[0]["gpu_mem_bytes"] is None and procs[0]["gpus"] == []
+
+
+def test_after_a_restart_only_hangs_of_jobs_still_here_wait_for_the_analysis():
+    node = hang_node()
+    job = node.jobs()[0]["job"]
+    an = node.an
+    an.adopt([_record(50, job), _record(51, job, kind="orphaned_memory"), _record(52, "rdzv:10.0.0.9:1@2")], next_id=53)
+    an.resolve_adopted(node.t)
+    resolved = sorted(i.id for i in an.drain() if not i.open)
+    assert resolved == [51, 52]  # a leftover-memory incident is re-judged by its own detector; a gone job's ends
+    assert an.has_adopted() and [i.id for i in an.incidents(open_only=True)] == [50]

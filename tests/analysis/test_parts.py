@@ -1,0 +1,157 @@
+"""The analysis' parts on their own, where the recorded jobs do not reach: the stack catalog as
+data, collective mismatches among more than two ranks, a cause quoted from before hangd started,
+progress named after the rank that made it, GPUs shared by several processes, orphans' reasons."""
+
+from __future__ import annotations
+
+from hangd.analysis import report
+from hangd.analysis.detectors import Env, mismatch
+from hangd.analysis.engine import Analyzer
+from hangd.analysis.identity import Job
+from hangd.analysis.progress import ProgressBook
+from hangd.analysis.signals import NodeView, Thresholds, _uses_gpu, log_catalog
+from hangd.analysis.stackcat import default_catalog, load_catalog
+from hangd.analysis.views import JobTrack
+from hangd.flightrec.analyze import Finding
+from hangd.incidents import IncidentBook
+from hangd.snapshot import GpuProc, GpuSample
+
+from .builders import GiB, Node, P, torchrun_env
+
+CATALOG = """
+[[rule]]
+kind = "collective"
+priority = 80
+why = "in a collective"
+patterns = ["distributed_c10d\\\\.py:(all_reduce|broadcast)", "ProcessGroupNCCL"]
+
+[[rule]]
+kind = "sleep"
+patterns = ["time\\\\.sleep"]
+
+[[rule]]
+kind = "store"
+priority = 90
+why = "waiting on the rendezvous store"
+patterns = ["TCPStore"]
+"""
+
+
+def test_a_catalog_is_data_ordered_by_priority_with_defaults_for_what_is_left_out():
+    rules = load_catalog(CATALOG)
+    assert [(r.kind, r.priority, r.why) for r in rules] == [
+        ("store", 90, "waiting on the rendezvous store"), ("collective", 80, "in a collective"), ("sleep", 50, "sleep")]
+    coll = rules[1]
+    assert [p.pattern for p in coll.patterns] == ["distributed_c10d\\.py:(all_reduce|broadcast)", "ProcessGroupNCCL"]
+    assert coll.patterns[0].search("torch/distributed/distributed_c10d.py:all_reduce")
+    assert load_catalog("") == []
+
+
+def test_the_shipped_catalogs_load_uncached_and_name_the_waits_the_traces_show():
+    rules = load_catalog()
+    assert tuple(rules) == default_catalog()
+    kinds = {r.kind for r in rules}
+    assert {"collective", "gpu_sync", "loading", "compiling"} <= kinds, kinds
+    assert all(a.priority >= b.priority for a, b in zip(rules, rules[1:], strict=False))
+    logs = log_catalog.__wrapped__()
+    assert logs and all(hasattr(p, "search") for p in logs.values())
+
+
+def _env() -> Env:
+    th = Thresholds()
+    return Env(th=th, view=NodeView(th), tracks={}, progress=ProgressBook(th), book=IncidentBook())
+
+
+def _finding(kind: str, **vals: dict[int, object]) -> Finding:
+    ranks = sorted(next(iter(vals.values())))
+    return Finding(kind=kind, pg="0", seq=12, op="all_reduce", ranks=ranks, message=f"{kind} at all_reduce #12", **vals)
+
+
+def test_a_size_mismatch_among_four_ranks_blames_the_one_that_differs():
+    env, tr = _env(), JobTrack()
+    tr.fr_pids = {0: 100, 1: 101, 2: 102, 3: 103}
+    f = _finding("size_mismatch", sizes={0: [[1024]], 1: [[1024]], 2: [[512]], 3: [[1024]]})
+    mismatch.step(env, "job", None, tr, f, 50.0)
+    (inc,) = env.book.all
+    assert inc.kind == "collective_mismatch" and inc.ranks == [0, 1, 2, 3] and inc.pids == [100, 101, 102, 103]
+    assert inc.culprit_ranks == [2] and inc.culprit_pids == [102]
+    assert inc.summary.startswith("size_mismatch at all_reduce #12. The ranks disagree on one collective")
+    assert inc.evidence["flight_recorder"] == [f.to_dict()]
+    # a second finding for the same job joins the open incident
+    f2 = _finding("op_mismatch", ops={0: "all_reduce", 1: "all_reduce", 2: "all_reduce", 3: "broadcast"})
+    mismatch.step(env, "job", None, tr, f2, 55.0)
+    assert len(env.book.all) == 1 and len(inc.findings) == 2 and inc.culprit_ranks == [2]
+    assert inc.updated_at == 55.0
+
+
+def test_an_op_or_dtype_mismatch_blames_by_its_own_field_and_prefers_the_job_s_pids():
+    for kind, field, vals, odd in [
+        ("op_mismatch", "ops", {0: "all_reduce", 1: "broadcast", 2: "all_reduce"}, [1]),
+        ("dtype_mismatch", "dtypes", {0: "Float", 1: "Float", 2: "Half"}, [2]),
+    ]:
+        env, tr = _env(), JobTrack()
+        tr.fr_pids = {0: 100, 1: 101, 2: 102}
+        job = Job(id="job", name="job", ranks={200: 0, 201: 1, 202: 2})
+        mismatch.step(env, "job", job, tr, _finding(kind, **{field: vals}), 50.0)
+        (inc,) = env.book.all
+        assert inc.culprit_ranks == odd, kind
+        assert inc.culprit_pids == [200 + odd[0]] and inc.pids == [200, 201, 202]
+
+
+def test_two_ranks_that_disagree_blame_the_higher_one():
+    env, tr = _env(), JobTrack()
+    mismatch.step(env, "job", None, tr, _finding("size_mismatch", sizes={0: [[8]], 1: [[4]]}), 1.0)
+    (inc,) = env.book.all
+    assert inc.culprit_ranks == [1] and inc.culprit_pids == [] and inc.pids == []
+
+
+def test_a_cause_is_quoted_with_where_and_when_it_was_seen():
+    line = "RuntimeError: shape mismatch: hidden size 4096 vs 5120"
+    assert report.quote_exception({"t": None, "rank": None, "file": "/job/log", "line": line}) == \
+        f"the job's log (/job/log) (already there when hangd started): {line}"
+    quoted = report.quote_exception({"t": 1_796_000_000.0, "rank": 3, "file": "/job/log3", "line": line})
+    assert quoted.startswith("rank 3's log (/job/log3) at ") and quoted.endswith(f": {line}")
+    assert "already there" not in quoted
+
+
+def test_progress_is_named_after_the_process_that_made_it_last():
+    pb = ProgressBook(Thresholds())
+    pb.credit(11, 100.0, "GPU work", strong=True)
+    pb.credit(12, 105.0, "log grew", strong=True)
+    pb.credit(13, 110.0, "host memory changing", strong=False)
+    assert pb.why_strongest([11, 12, 13]) == "pid 12: log grew"
+    assert pb.why_strongest([13, 11]) == "pid 11: GPU work"
+    pb.forget(12)
+    assert pb.of(12).last is None and pb.why_strongest([12, 11]) == "pid 11: GPU work"
+    pb.forget(4242)  # forgetting a pid never seen is fine
+
+
+def _gpu(util: list[dict] | None) -> GpuSample:
+    return GpuSample(index=0, util_gpu=100, util_mem=0, mem_used=4 * GiB, mem_total=141 * GiB, power_mw=124_000,
+                     procs=[GpuProc(pid=1, used=2 * GiB), GpuProc(pid=2, used=2 * GiB)], proc_util=util)
+
+
+def test_on_a_shared_gpu_only_processes_with_sm_time_own_its_activity():
+    assert _uses_gpu(1, [_gpu(None)]) is True  # no per-process data: cannot tell them apart
+    assert _uses_gpu(1, [_gpu([])]) is True
+    shared = [_gpu([{"pid": 1, "sm": 0}, {"pid": 2, "sm": 1}])]
+    assert _uses_gpu(2, shared) is True
+    assert _uses_gpu(1, shared) is False
+    assert _uses_gpu(1, [_gpu([{"pid": 2, "sm": 40}]), _gpu([{"pid": 1, "sm": None}])]) is False
+
+
+def test_an_orphan_is_told_by_its_gone_launcher_and_new_parent():
+    node = Node([P(10, 1, cmdline=["torchrun", "train.py"]),
+                 P(11, 10, torchrun_env(0, 2), gpu=0), P(12, 10, torchrun_env(1, 2), gpu=1)])
+    node.run(5)
+    node.kill(10)
+    node.procs[11].ppid = node.procs[12].ppid = 1
+    node.run(12)
+    reasons = {p["pid"]: p["reason"] for p in node.an.processes()}
+    assert "its launcher (pid 10) is gone; re-parented to pid 1" in reasons[11], reasons
+
+
+def test_what_was_forgotten_is_counted_by_kind():
+    an = Analyzer()
+    got = an.forgotten()
+    assert set(got) >= {"incidents", "processes", "changes"} and got["incidents"] == 0
