@@ -150,7 +150,8 @@ def exception_lines(text: str) -> list[str]:
             continue
         m = EXCEPTION_LINE.match(line)
         if m and (in_tb or ": " in m.group(1)):
-            out.append(m.group(1)[:500])
+            # whole, with a "[rankN]:" prefix: in a log the ranks share, it says whose exception it is
+            out.append(line.strip()[:500])
             in_tb = False
     return out
 

@@ -29,14 +29,17 @@ from ..conftest import DATA
 
 GOLDEN = Path(__file__).parent / "golden"
 VIEW_EVERY_S = 20.0
-# fast traces first (a broken analysis usually fails the first one); each kind of job once:
-# training, inference, loading, a host hang, an NCCL stall (flight recorder), launches back to
-# back, a handshake that never completes, a dead worker, a straggler, a size mismatch, a kill
+# every recorded trace, those quickest to judge first (a broken analysis usually fails the first):
+# training, inference, loading, compiling, graph capture, a host hang, NCCL stalls (with flight
+# recorder), launches back to back, a handshake that never completes, dead and killed workers, a
+# stopped rank, a straggler, a size mismatch, an orphan
 CASES = [
     "h200x2/compute", "h200x2/idle_server", "h200x2/train", "h200x2/load", "h200x2/cpu_hang",
     "h200x2/nccl_stall", "h200x2-hf2/back_to_back", "h200x2-hf2/healthy", "h200x2-hf2/slow_load",
     "h200x2-live/straggler", "h200x2-hf2/gloo_handshake", "h200x2-hf2/worker_died", "h200x2-live/kill",
-    "h200x2-live/mismatch",
+    "h200x2-live/mismatch", "h200x2-live/sigstop", "h200x2-live/orphan", "h200x2-live/nccl_stall",
+    "h200x2-hf/back_to_back", "h200x2-hf/healthy", "h200x2-hf/slow_load", "h200x2-hf/gloo_handshake",
+    "h200x2-hf/worker_died", "h200x2/graph_capture", "h200x2-live/compile",
 ]
 # read and decoded once, when this module is collected: the flight-recorder dumps take most of a
 # replay's time, and a forked test run (mutation testing) inherits them from its parent

@@ -155,3 +155,34 @@ def test_what_was_forgotten_is_counted_by_kind():
     an = Analyzer()
     got = an.forgotten()
     assert set(got) >= {"incidents", "processes", "changes"} and got["incidents"] == 0
+
+
+def test_an_exception_in_a_log_shared_by_ranks_is_given_to_the_rank_its_prefix_names():
+    node = Node([P(10, 1, cmdline=["torchrun", "train.py"], log="/job/launcher.log"),
+                 P(11, 10, torchrun_env(0, 2), gpu=0, log="/job/out"), P(12, 10, torchrun_env(1, 2), gpu=1, log="/job/out"),
+                 P(21, 1, torchrun_env(0, 1, port=29700), gpu=2, log="/job/solo")])
+    node.write_log("/job/out", "[rank0]: step 1\n")
+    node.write_log("/job/launcher.log", "starting 2 workers\n")
+    node.write_log("/job/solo", "RuntimeError: shape mismatch (already in the log before hangd started)\n")
+    node.run(2)
+    node.write_log("/job/out", "[rank1]: Traceback (most recent call last):\n[rank1]: RuntimeError: CUDA error: an illegal memory access\n")
+    node.run(1)
+    node.write_log("/job/launcher.log", "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: train.py FAILED\n")
+    node.run(1)
+    jobs = {j.launcher: j for j in node.an.job_defs.values()}
+    ex = report.exceptions(node.an.view, jobs[10], since=0.0)
+    assert [(e["file"], e["rank"]) for e in ex] == [("out", 1), ("launcher.log", None)], ex
+    assert ex[0]["line"] == "[rank1]: RuntimeError: CUDA error: an illegal memory access"
+    assert ex[0]["t"] < ex[1]["t"]
+    assert report.exceptions(node.an.view, jobs[10], since=ex[1]["t"] + 1) == []
+    (solo,) = report.exceptions(node.an.view, jobs[1] if 1 in jobs else next(j for j in jobs.values() if 21 in j.ranks), 0.0)
+    assert solo["t"] is None and solo["rank"] == 0 and solo["file"] == "solo"
+
+
+def test_a_rank_is_in_a_job_by_any_launcher_s_environment():
+    for env in ({"RANK": "0", "SLURM_JOB_ID": "77", "WORLD_SIZE": "1"}, {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "1"},
+                {"PMI_RANK": "0", "PMI_SIZE": "1"}, {"RANK": "0", "TORCHELASTIC_RUN_ID": "r7"},
+                {"RANK": "0", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "1"}):
+        node = Node([P(5, 1), P(11, 5, env, gpu=0)])
+        node.run(2)
+        assert [p["rank"] for p in node.an.processes()] == [0], env
