@@ -16,6 +16,7 @@ from hangd.flightrec.analyze import Finding
 from hangd.incidents import IncidentBook
 from hangd.snapshot import GpuProc, GpuSample
 
+from ..conftest import TRACES
 from .builders import GiB, Node, P, torchrun_env
 
 CATALOG = """
@@ -186,3 +187,38 @@ def test_a_rank_is_in_a_job_by_any_launcher_s_environment():
         node = Node([P(5, 1), P(11, 5, env, gpu=0)])
         node.run(2)
         assert [p["rank"] for p in node.an.processes()] == [0], env
+
+
+def test_two_ranks_missing_from_a_collective_are_both_named_in_one_sentence():
+    env4 = [torchrun_env(r, 4) for r in range(4)]
+    node = Node([P(10, 1), *(P(11 + r, 10, env4[r], gpu=r, log=f"/job/log{r}") for r in range(4))])
+    node.run(5)
+    coll = [("torch/distributed/distributed_c10d.py", "broadcast_object_list"), ("server.py", "loop")]
+    event = [("threading.py", "wait"), ("server.py", "start")]
+    for pid, frames in ((11, coll), (12, coll), (13, event), (14, event)):
+        node.stack(pid, frames)
+    node.run(15)
+    (inc,) = node.an.incidents()
+    assert inc.culprit_ranks == [2, 3] and inc.culprit_pids == [13, 14]
+    assert "rank 2 (pid 13), rank 3 (pid 14) are not in the collective their peers wait in" in inc.summary, inc.summary
+    assert inc.evidence["ranks_from"] == {str(r): "environment RANK" for r in range(4)}
+
+
+def test_dumps_of_processes_hangd_does_not_watch_are_judged_together_and_bad_ones_reported():
+    from hangd.flightrec.reader import read_file
+    from hangd.snapshot import FrDump, Snapshot
+
+    NCCL_DUMPS = TRACES / "nccl_stall" / "files"
+    an = Analyzer()
+    snap = Snapshot(t=1000.0)
+    for r in (0, 1):
+        path = str(NCCL_DUMPS / f"nccl_trace_rank_{r}")
+        snap.fr_dumps.append(FrDump(pid=None, rank=r, format="pickle", path=path, dump=read_file(path)))
+    snap.fr_dumps.append(FrDump(pid=77, rank=2, format="pickle", path="/dumps/nccl_trace_rank_2",
+                                error="truncated pickle"))
+    an.step(snap)
+    kinds = [(f["kind"], f.get("job"), f.get("missing_ranks")) for f in an.findings]
+    assert ("missing_rank", f"fr:{NCCL_DUMPS}", [1]) in kinds, kinds
+    bad = [f for f in an.findings if f["kind"] == "unreadable"]
+    assert bad == [{"t": 1000.0, "kind": "unreadable", "pid": 77, "rank": 2,
+                    "message": "/dumps/nccl_trace_rank_2: truncated pickle", "source": "file"}]
