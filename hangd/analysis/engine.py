@@ -179,8 +179,8 @@ class Analyzer:
             if not states:
                 continue
             tr = self.job_tracks.get(job.id)
-            state = State.HUNG if tr and tr.hung else State.ORPHANED if State.ORPHANED in states else \
-                max(states, key=lambda s: SEVERITY_ORDER.get(State(s), -1))  # type: ignore[arg-type]
+            # the most severe of its ranks' states (orphaned ranks above all), or hung while the job is
+            state = State.HUNG if tr and tr.hung else max(states, key=lambda s: SEVERITY_ORDER[State(s)])  # type: ignore[arg-type]
             lasts = [x for p in job.pids if (x := self.progress.of(p).last)]
             out.append({"job": job.id, "name": job.name, "state": str(state), "ranks": {str(r): p for p, r in job.ranks.items()},
                         "rank_from": {str(r): job.rank_source.get(p) for p, r in job.ranks.items()},

@@ -132,7 +132,7 @@ FR_HINT = ("Flight recording is off for this job: start it with TORCH_FR_BUFFER_
            "TORCH_NCCL_DEBUG_INFO_PIPE_FILE=<dir>/fr_pipe_ so that hangd can ask each rank for a dump without stopping it.")
 
 
-def evidence(view: NodeView, tracks: dict[int, ProcTrack], job: Job, live: list[int], sigs: dict[int, ProcSignals],
+def evidence(view: NodeView, tracks: dict[int, ProcTrack], job: Job, sigs: dict[int, ProcSignals],
              quiet: float) -> dict[str, Any]:
     ev: dict[str, Any] = {"quiet_for_s": round(quiet, 1), "stacks": {}, "processes": {}, "logs": {}, "environ": {},
                           "gpus": {}, "ranks_from": {str(job.ranks[p]): job.rank_source.get(p, "") for p in job.pids},

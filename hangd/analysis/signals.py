@@ -119,7 +119,7 @@ def classify_log_lines(text: str) -> tuple[int, set[str]]:
             continue
         useful += len(line) + 1
         for kind, pat in cat.items():
-            if kind != "diagnostic" and pat.search(line):
+            if pat.search(line):  # not "diagnostic": such lines were passed over above
                 kinds.add(kind)
     return useful, kinds
 
@@ -145,7 +145,7 @@ def exception_lines(text: str) -> list[str]:
     out = []
     in_tb = False
     for line in text.splitlines():
-        if line.startswith("Traceback (most recent call last)") or line.lstrip("[rank0123456789]: ").startswith("Traceback (most"):
+        if line.lstrip("[rank0123456789]: ").startswith("Traceback (most recent call last)"):
             in_tb = True
             continue
         m = EXCEPTION_LINE.match(line)

@@ -115,7 +115,7 @@ def test_gpu_views_report_the_newest_reading_of_every_gpu():
     latest = an.latest_gpus()
     assert sorted(latest) == [0, 1] and latest[0].power_mw == 470_000
     node.procs[11].look = "idle"
-    node.run(1)
+    node.tick()  # one new reading: the newest, not the one before, is reported
     assert an.latest_gpus()[0].power_mw == 124_000 and an.gpus()[0]["util_gpu"] == 0
 
 

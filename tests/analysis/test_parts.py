@@ -222,3 +222,66 @@ def test_dumps_of_processes_hangd_does_not_watch_are_judged_together_and_bad_one
     bad = [f for f in an.findings if f["kind"] == "unreadable"]
     assert bad == [{"t": 1000.0, "kind": "unreadable", "pid": 77, "rank": 2,
                     "message": "/dumps/nccl_trace_rank_2: truncated pickle", "source": "file"}]
+
+
+def test_a_culprit_without_a_stack_yet_is_named_as_inferred_and_its_source_given():
+    env3 = [torchrun_env(r, 3) for r in range(3)]
+    node = Node([P(10, 1), *(P(11 + r, 10, env3[r], gpu=r) for r in range(3))])
+    node.run(5)
+    coll = [("torch/distributed/distributed_c10d.py", "broadcast_object_list"), ("server.py", "loop")]
+    node.stack(11, coll)
+    node.stack(12, coll)
+    node.run(15)
+    (inc,) = node.an.incidents()
+    assert inc.culprit_ranks == [2]
+    assert inc.evidence["culprit_from"] == "its peers wait for it in a collective"
+    node.stack(13, [("threading.py", "wait"), ("server.py", "start")])
+    node.run(3)
+    assert inc.evidence["culprit_from"] == "its peers wait for it in a collective; its stack is elsewhere"
+
+
+def test_the_flight_recorder_hint_is_given_only_when_no_rank_records():
+    def next_step(env_extra: dict[str, str]) -> str:
+        node = Node([P(10, 1), *(P(11 + r, 10, torchrun_env(r, 2, **(env_extra if r == 1 else {})), gpu=r)
+                                 for r in range(2))])
+        node.run(5)
+        node.stack(11, [("torch/distributed/distributed_c10d.py", "broadcast_object_list"), ("server.py", "loop")])
+        node.stack(12, [("threading.py", "wait"), ("server.py", "start")])
+        node.run(15)
+        (inc,) = node.an.incidents()
+        return inc.next_step
+
+    assert report.FR_HINT in next_step({})
+    assert report.FR_HINT in next_step({"TORCH_NCCL_TRACE_BUFFER_SIZE": "0"})
+    assert report.FR_HINT not in next_step({"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"})
+    assert report.FR_HINT not in next_step({"TORCH_FR_BUFFER_SIZE": " 20 "})
+
+
+def test_findings_kept_in_memory_are_bounded_and_what_was_dropped_counted():
+    from hangd.snapshot import FrDump, Snapshot
+
+    an = Analyzer(Thresholds(max_findings_in_memory=3))
+    for k in range(5):
+        snap = Snapshot(t=1000.0 + k)
+        snap.fr_dumps.append(FrDump(pid=70 + k, rank=0, format="json", path=f"/d/{k}", error="not JSON"))
+        an.step(snap)
+    assert [f["pid"] for f in an.findings] == [72, 73, 74]
+    assert an.forgotten()["findings"] == 2
+
+
+def test_a_prefixed_traceback_s_last_line_is_its_exception_even_without_a_message():
+    from hangd.analysis.signals import exception_lines
+
+    text = ("[rank1]: Traceback (most recent call last):\n[rank1]:   File \"train.py\", line 3, in <module>\n"
+            "[rank1]: KeyboardInterrupt\nKeyboardInterrupt\nValueError: bad value\n")
+    assert exception_lines(text) == ["[rank1]: KeyboardInterrupt", "ValueError: bad value"]
+
+
+def test_a_deep_stack_is_summarized_from_its_innermost_frames():
+    from hangd.analysis.stackcat import summarize
+    from hangd.snapshot import Frame, StackSample, ThreadStack
+
+    frames = [Frame(name=f"f{i}", filename="model.py", line=i) for i in range(20)]
+    sample = StackSample(pid=1, threads=[ThreadStack(tid=1, name="MainThread", active=True, owns_gil=True, frames=frames)])
+    assert len(summarize(sample)) == 8 and len(summarize(sample, 12)) == 12
+    assert summarize(sample)[0].startswith("f0 ")

@@ -58,7 +58,7 @@ def step(env: Env, jv: JobView) -> Incident | None:
     exc = report.exceptions(env.view, job, first_exit - th.exception_lookback_s)
     if exc:
         inc.summary = "Probable cause, from " + report.quote_exception(exc[-1]) + ". " + inc.summary
-    inc.evidence = report.evidence(env.view, env.tracks, job, jv.live, jv.sigs, t - first_exit)
+    inc.evidence = report.evidence(env.view, env.tracks, job, jv.sigs, t - first_exit)
     if exc:
         inc.evidence["exceptions"] = exc[-5:]
     for p in exited:

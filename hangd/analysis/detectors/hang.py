@@ -143,7 +143,7 @@ def fill(env: Env, jv: JobView, inc: object) -> None:
     if exc:
         parts.insert(0, "Probable cause, from " + report.quote_exception(exc[-1]))
     inc.summary = ". ".join(parts) + "."
-    inc.evidence = report.evidence(env.view, env.tracks, job, jv.live, jv.sigs, jv.quiet)
+    inc.evidence = report.evidence(env.view, env.tracks, job, jv.sigs, jv.quiet)
     if exc:
         inc.evidence["exceptions"] = exc[-5:]
     if tr.culprit is not None:
