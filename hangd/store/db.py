@@ -14,9 +14,12 @@ start instead of overwriting the first one's incidents (both number incidents fr
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections import deque
@@ -134,6 +137,50 @@ def downgrade(url: str, revision: str = "base") -> None:
     _alembic(url, "downgrade", revision)
 
 
+class MigrationFailed(SQLAlchemyError):
+    """A migration run apart failed; the message starts with the child's exception type."""
+
+
+MIGRATE_APART_TIMEOUT_S = 120
+
+
+def upgrade_apart(url: str) -> None:
+    """``upgrade(url)`` in a child interpreter. Importing Alembic (and Mako) costs ~14 MB that a
+    long-lived daemon would keep for the rest of its life, for a step it takes once at start;
+    unloading the modules gives none of it back. The URL goes on stdin, not on the command line,
+    where anyone on the node could read its password. Raises MigrationError or MigrationFailed."""
+    root = str(Path(__file__).resolve().parents[2])  # the child imports this same hangd
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])]))
+    code = "import sys; from hangd.store.db import _upgrade_child; sys.exit(_upgrade_child())"
+    try:
+        r = subprocess.run([sys.executable, "-c", code], input=url, capture_output=True, text=True, env=env,
+                           timeout=MIGRATE_APART_TIMEOUT_S)
+    except subprocess.TimeoutExpired as e:
+        raise MigrationFailed(f"(TimeoutExpired) the migration did not finish in {MIGRATE_APART_TIMEOUT_S} s") from e
+    if r.returncode == 0:
+        return
+    try:
+        err = json.loads(r.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        tail = (r.stderr.strip().splitlines() or [f"exit status {r.returncode}"])[-1]
+        raise MigrationFailed(f"(migration) {redact_text(tail)[:300]}") from None
+    if err["error"] == "migration":
+        raise MigrationError(err["message"])
+    raise MigrationFailed(f"({err['type']}) {err['message']}")
+
+
+def _upgrade_child() -> int:
+    url = sys.stdin.read()
+    try:
+        upgrade(url)
+    except MigrationError as e:
+        print(json.dumps({"error": "migration", "message": str(e)}))
+        return 1
+    except (SQLAlchemyError, OSError) as e:
+        print(json.dumps({"error": "database", "type": type(e).__name__, "message": str(e)}))
+        return 1
+    return 0
+
 
 def incident_row_to_dict(r: m.Incident, with_evidence: bool = True) -> dict[str, Any]:
     d: dict[str, Any] = {
@@ -233,15 +280,18 @@ class _Lock:
 
 
 class Store:
-    def __init__(self, url: str, hostname: str | None = None, migrate: bool = True, exclusive: bool = False) -> None:
-        """``exclusive``: take the database's one-writer lock (``hangd serve``), or raise StoreInUse."""
+    def __init__(self, url: str, hostname: str | None = None, migrate: bool = True, exclusive: bool = False,
+                 migrate_apart: bool = False) -> None:
+        """``exclusive``: take the database's one-writer lock (``hangd serve``), or raise StoreInUse.
+        ``migrate_apart``: run the migrations in a child interpreter (``upgrade_apart``; the daemon)."""
         self.url = url
+        self._upgrade = upgrade_apart if migrate_apart else upgrade
         self.lock: _Lock | None = _Lock(url, hostname or socket.gethostname()) if exclusive else None
         self._migrated = not migrate
         self._start_error: str | None = None
         try:
             if migrate:
-                upgrade(url)
+                self._upgrade(url)
                 self._migrated = True
         except SQLAlchemyError as e:  # a full disk or a locked file at start: serve anyway, migrate later
             self._start_error = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
@@ -329,7 +379,7 @@ class Store:
                         if os.path.exists(self.path + suffix):
                             os.unlink(self.path + suffix)
                 self._forget_rows()
-                upgrade(self.url)
+                self._upgrade(self.url)
                 self._ident = self._file_ident()
                 self.node_id = self._node()
             except (SQLAlchemyError, OSError) as e:
@@ -441,7 +491,7 @@ class Store:
             b = self.pending[0]
             try:
                 if not self._migrated:
-                    upgrade(self.url)
+                    self._upgrade(self.url)
                     self._migrated = True
                 if not self.node_id:
                     self.node_id = self._node()

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 
+import pytest
 from sqlalchemy import create_engine, event, inspect, text
+from sqlalchemy.exc import SQLAlchemyError
 
-from hangd.store.db import Batch, Store, downgrade, upgrade
+from hangd.store.db import Batch, MigrationFailed, Store, downgrade, upgrade, upgrade_apart
 
-from ..conftest import TRACES
+from ..conftest import ROOT, TRACES
 from .conftest import serve
 
 TABLES = {"nodes", "gpus", "jobs", "processes", "state_changes", "incidents", "gpu_minutes", "alembic_version"}
@@ -140,3 +144,21 @@ def test_store_writes_rows_only_when_they_change_sqlite(tmp_path):
 
 def test_store_writes_rows_only_when_they_change_postgres(postgres_url):
     _rows_written_only_when_they_change(postgres_url, f"node-rows-{time.time_ns()}")
+
+
+def test_the_daemon_migrates_in_a_child_and_keeps_alembic_out_of_its_memory(tmp_path):
+    url = f"sqlite:///{tmp_path / 'apart.db'}"
+    code = ("import sys; from hangd.store.db import Store; st = Store(sys.argv[1], migrate_apart=True); "
+            "print(st.healthy, 'alembic' in sys.modules, 'mako' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code, url], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.stdout.split() == ["True", "False", "False"], r.stdout + r.stderr
+    assert _tables(url) >= TABLES
+
+
+def test_a_migration_in_a_child_fails_as_it_would_in_process(tmp_path):
+    with pytest.raises(MigrationFailed, match=r"^\(OperationalError\)") as e:
+        upgrade_apart("postgresql+psycopg://u:s3cr3tpw@127.0.0.1:1/hangd")
+    assert isinstance(e.value, SQLAlchemyError) and "s3cr3tpw" not in str(e.value)
+    (tmp_path / "bad.db").write_text("not a database, but long enough to be read as one " * 100)
+    with pytest.raises(SQLAlchemyError, match="file is not a database"):
+        upgrade_apart(f"sqlite:///{tmp_path / 'bad.db'}")
