@@ -65,7 +65,8 @@ class Running:
     url: str
 
 
-JOB_ENV = "HANGD_OVERHEAD_BENCH_JOB"
+# a variable of this run's own: two benchmarks running at once must not watch each other's processes
+JOB_ENV = f"HANGD_OVERHEAD_BENCH_JOB_{os.getpid()}"
 
 
 def started(n: int, gpus: int = 0) -> Running:
