@@ -3,12 +3,16 @@
 status and io once a second in the same run (``cpu_over_plain_read``: hangd's CPU over that floor,
 which moves little with the machine's load; the figures themselves do).
 
-python -m benchmarks.overhead [--json] [--seconds S] [--sizes 10,100,500]
+python -m benchmarks.overhead [--json] [--seconds S] [--sizes 10,100,500] [--gpus G]
 -> {"cpu_core_fraction", "rss_bytes", "tick_seconds_p50", "tick_seconds_p99", "watched_processes", "gpus", "runs": [...]}
 The headline numbers are those of the largest size. Processes are real (`python -c sleep`, one in
-ten writing a log line a second) with a torch.distributed environment, so hangd watches them all.
-On a host without GPUs the NVML part is absent: its cost on 2 H200s was measured separately
-(tests/data/traces/h200x2-live/nvml-h200.json: ~0.9 ms per tick for 2 GPUs)."""
+ten writing a log line a second) with a torch.distributed environment, so hangd watches them all;
+hangd is told to watch processes by a variable of their own (``HANGD_JOB_ENV``), so that other
+jobs on the same host are not in the figures. On a host without GPUs the NVML part is absent, or,
+with ``--gpus G``, replayed from readings recorded on H200s for G GPUs held by the first G
+processes (``benchmarks.replayed_serve``): the GPU side of the analysis, the store and the API
+then do their per-GPU work; NVML's own calls cost ~0.9 ms per tick for 2 H200s
+(tests/data/traces/h200x2-live/nvml-h200.json)."""
 
 from __future__ import annotations
 
@@ -61,11 +65,16 @@ class Running:
     url: str
 
 
-def started(n: int) -> Running:
+# a variable of this run's own: two benchmarks running at once must not watch each other's processes
+JOB_ENV = f"HANGD_OVERHEAD_BENCH_JOB_{os.getpid()}"
+
+
+def started(n: int, gpus: int = 0) -> Running:
     """N processes with a torch.distributed environment (one in ten writing a log line a second)
-    and a ``hangd serve`` at 1 Hz that watches them all, warmed up."""
+    and a ``hangd serve`` at 1 Hz that watches them all, warmed up; with ``gpus``, that many
+    replayed GPUs held by the first processes."""
     tmp = Path(tempfile.mkdtemp(prefix="hangd-bench-"))
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT="29999", WORLD_SIZE=str(n))
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT="29999", WORLD_SIZE=str(n), **{JOB_ENV: "1"})
     procs = []
     for i in range(n):
         code = ("import time,sys\nwhile True:\n print('tick', flush=True); time.sleep(1)" if i % 10 == 0
@@ -74,9 +83,14 @@ def started(n: int) -> Running:
         procs.append(subprocess.Popen([sys.executable, "-c", code], env=dict(env, RANK=str(i)), stdout=out,
                                       stderr=subprocess.STDOUT))
     port = _port()
-    serve = subprocess.Popen([sys.executable, "-m", "hangd", "serve", "--listen", f"127.0.0.1:{port}", "--interval", "1",
+    serve_env = dict(os.environ, HANGD_JOB_ENV=JOB_ENV)
+    entry = ["hangd"]
+    if gpus:
+        entry = ["benchmarks.replayed_serve"]
+        serve_env.update(HANGD_BENCH_GPUS=str(gpus), HANGD_BENCH_GPU_PIDS=",".join(str(p.pid) for p in procs[:gpus]))
+    serve = subprocess.Popen([sys.executable, "-m", *entry, "serve", "--listen", f"127.0.0.1:{port}", "--interval", "1",
                               "--db", f"sqlite:///{tmp / 'h.db'}"], cwd=ROOT, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL, env=dict(os.environ, HANGD_JOB_ENV="MASTER_ADDR"))
+                             stderr=subprocess.DEVNULL, env=serve_env)
     url = f"http://127.0.0.1:{port}"
     t_end = time.time() + 60
     while time.time() < t_end:
@@ -99,8 +113,8 @@ def stopped(run: Running) -> None:
         x.wait()
 
 
-def run(n: int, seconds: float) -> dict:
-    r = started(n)
+def run(n: int, seconds: float, gpus: int = 0) -> dict:
+    r = started(n, gpus)
     try:
         p = psutil.Process(r.serve.pid)
         pids = [int(x["pid"]) for x in httpx.get(r.url + "/processes", timeout=10).json()]
@@ -119,7 +133,7 @@ def run(n: int, seconds: float) -> dict:
         watched = len(httpx.get(r.url + "/processes", timeout=10).json())
         cpu = ((c1.user + c1.system) - (c0.user + c0.system)) / (t1 - t0)
         plain_frac = plain / (t1 - t0)
-        return {"processes": n, "watched_processes": watched, "cpu_core_fraction": round(cpu, 4), "rss_bytes": rss,
+        return {"processes": n, "gpus": gpus, "watched_processes": watched, "cpu_core_fraction": round(cpu, 4), "rss_bytes": rss,
                 "plain_read_core_fraction": round(plain_frac, 5),
                 "cpu_over_plain_read": round(cpu / plain_frac, 1) if plain_frac > 0 else None,
                 "tick_seconds_p50": _quantile(metrics, 0.5), "tick_seconds_p99": _quantile(metrics, 0.99),
@@ -131,11 +145,12 @@ def run(n: int, seconds: float) -> dict:
 def main() -> None:
     seconds = float(sys.argv[sys.argv.index("--seconds") + 1]) if "--seconds" in sys.argv else 30.0
     sizes = [int(x) for x in sys.argv[sys.argv.index("--sizes") + 1].split(",")] if "--sizes" in sys.argv else [10, 100, 500]
-    runs = [run(n, seconds) for n in sizes]
+    gpus = int(sys.argv[sys.argv.index("--gpus") + 1]) if "--gpus" in sys.argv else 0
+    runs = [run(n, seconds, gpus) for n in sizes]
     head = runs[-1]
     emit({"cpu_core_fraction": head["cpu_core_fraction"], "rss_bytes": head["rss_bytes"],
           "tick_seconds_p50": head["tick_seconds_p50"], "tick_seconds_p99": head["tick_seconds_p99"],
-          "watched_processes": head["watched_processes"], "gpus": 0, "runs": runs},
+          "watched_processes": head["watched_processes"], "gpus": gpus, "runs": runs},
          f"hangd serve at 1 Hz, {seconds:.0f} s per size")
 
 

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from hangd.redact import REDACTED
-from hangd.snapshot import Snapshot
+from hangd.snapshot import ProcInfo, ProcSample, Snapshot
 from hangd.sources.output import OutputSource
 from hangd.sources.procfs import ProcSource, describe_cgroup, parse_stat
 
@@ -138,6 +138,21 @@ def test_output_growth_of_a_process_writing_a_log(tmp_path):
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_log_inside_another_root_is_read_there(tmp_path):
+    """A process in a container writes /logs/train.log of its own root; the same path on the
+    host is another file (or none). What hangd reports is the one the process writes."""
+    proc = tmp_path / "proc"
+    (proc / "4242" / "root" / "logs").mkdir(parents=True)
+    (proc / "4242" / "root" / "logs" / "train.log").write_text("step 7\n")
+    out = OutputSource(proc_root=str(proc))
+    snap = Snapshot(t=time.time(), infos=[ProcInfo(pid=4242, fds={"1": "/logs/train.log"})],
+                    procs=[ProcSample(pid=4242, state="S")])
+    out.collect(snap)
+    assert [(f.path, f.size, f.tail) for f in snap.files] == [("/logs/train.log", 7, "step 7\n")]
+    # and a process that shares hangd's root is read by its path as it is
+    assert OutputSource()._resolve(os.getpid(), "/etc/hostname") == "/etc/hostname"
 
 
 def test_cgroup_names():

@@ -115,7 +115,7 @@ def _run(s: Settings, sock: socket.socket, token: str | None, loopback: bool, te
     _setup_logging(s.log_json, s.log_level)
     log = logging.getLogger("hangd.serve")
     try:
-        store = Store(s.db, exclusive=True)
+        store = Store(s.db, exclusive=True, migrate_apart=True)
     except StoreInUse as e:
         raise ServeError(str(e)) from e
     except Exception as e:  # noqa: BLE001 - one line for the operator, not a traceback

@@ -20,9 +20,22 @@ class OutputSource:
     proc_root: str = "/proc"
     _paths: dict[int, set[str]] = field(default_factory=dict)
     _sizes: dict[str, int] = field(default_factory=dict)
+    _own_root: dict[int, bool] = field(default_factory=dict)  # pid -> it sees the filesystem hangd sees
 
     def _resolve(self, pid: int, path: str) -> str:
-        # Read through the process's own root so paths inside containers resolve.
+        # Read through the process's own root so paths inside containers resolve. Whether its
+        # root is hangd's is asked once per process: a path walk through /proc/<pid>/root for
+        # every log every tick cost more than the stat of the log itself.
+        own = self._own_root.get(pid)
+        if own is None:
+            try:
+                theirs, ours = os.stat(os.path.join(self.proc_root, str(pid), "root")), os.stat("/")
+                own = (theirs.st_dev, theirs.st_ino) == (ours.st_dev, ours.st_ino)
+            except OSError:  # not ours to look into (or a recorded tree): look for the path inside each time
+                own = False
+            self._own_root[pid] = own
+        if own:
+            return path
         inside = os.path.join(self.proc_root, str(pid), "root") + path
         return inside if os.path.exists(inside) else path
 
@@ -34,6 +47,7 @@ class OutputSource:
         for p in snap.procs:
             if p.gone:
                 self._paths.pop(p.pid, None)
+                self._own_root.pop(p.pid, None)
         live = {p.pid for p in snap.procs if not p.gone}
         seen: set[str] = set()
         for pid, paths in self._paths.items():

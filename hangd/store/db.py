@@ -14,9 +14,12 @@ start instead of overwriting the first one's incidents (both number incidents fr
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections import deque
@@ -24,7 +27,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, Engine, create_engine, delete, event, func, select, text
+from sqlalchemy import (
+    CursorResult,
+    Engine,
+    Table,
+    bindparam,
+    create_engine,
+    delete,
+    event,
+    func,
+    insert,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, defer, sessionmaker
 from sqlalchemy.pool import NullPool
@@ -38,9 +54,16 @@ MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 MAX_PENDING = 20_000
 FILE_CHECK_EVERY_S = 2.0
 LOCK_CHECK_EVERY_S = 10.0
+TOUCH_EVERY_S = 10.0  # how stale the last_seen of an unchanged process, job, GPU or node row may get
 # pg_try_advisory_lock key: "hangd" as an integer; one per database
 PG_LOCK_KEY = int.from_bytes(b"hangd", "big")
 LIST_FIELDS = ("evidence", "findings", "timeline")
+# the tables written with Core statements (many rows in one executemany, no ORM objects)
+PROCESSES = cast(Table, m.Process.__table__)
+JOBS = cast(Table, m.Job.__table__)
+GPUS = cast(Table, m.Gpu.__table__)
+NODES = cast(Table, m.Node.__table__)
+STATE_CHANGES = cast(Table, m.StateChange.__table__)
 
 
 class _StartError(Exception):
@@ -112,6 +135,51 @@ def upgrade(url: str, revision: str = "head") -> None:
 
 def downgrade(url: str, revision: str = "base") -> None:
     _alembic(url, "downgrade", revision)
+
+
+class MigrationFailed(SQLAlchemyError):
+    """A migration run apart failed; the message starts with the child's exception type."""
+
+
+MIGRATE_APART_TIMEOUT_S = 120
+
+
+def upgrade_apart(url: str) -> None:
+    """``upgrade(url)`` in a child interpreter. Importing Alembic (and Mako) costs ~14 MB that a
+    long-lived daemon would keep for the rest of its life, for a step it takes once at start;
+    unloading the modules gives none of it back. The URL goes on stdin, not on the command line,
+    where anyone on the node could read its password. Raises MigrationError or MigrationFailed."""
+    root = str(Path(__file__).resolve().parents[2])  # the child imports this same hangd
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])]))
+    code = "import sys; from hangd.store.db import _upgrade_child; sys.exit(_upgrade_child())"
+    try:
+        r = subprocess.run([sys.executable, "-c", code], input=url, capture_output=True, text=True, env=env,
+                           timeout=MIGRATE_APART_TIMEOUT_S)
+    except subprocess.TimeoutExpired as e:
+        raise MigrationFailed(f"(TimeoutExpired) the migration did not finish in {MIGRATE_APART_TIMEOUT_S} s") from e
+    if r.returncode == 0:
+        return
+    try:
+        err = json.loads(r.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        tail = (r.stderr.strip().splitlines() or [f"exit status {r.returncode}"])[-1]
+        raise MigrationFailed(f"(migration) {redact_text(tail)[:300]}") from None
+    if err["error"] == "migration":
+        raise MigrationError(err["message"])
+    raise MigrationFailed(f"({err['type']}) {err['message']}")
+
+
+def _upgrade_child() -> int:
+    url = sys.stdin.read()
+    try:
+        upgrade(url)
+    except MigrationError as e:
+        print(json.dumps({"error": "migration", "message": str(e)}))
+        return 1
+    except (SQLAlchemyError, OSError) as e:
+        print(json.dumps({"error": "database", "type": type(e).__name__, "message": str(e)}))
+        return 1
+    return 0
 
 
 def incident_row_to_dict(r: m.Incident, with_evidence: bool = True) -> dict[str, Any]:
@@ -212,15 +280,18 @@ class _Lock:
 
 
 class Store:
-    def __init__(self, url: str, hostname: str | None = None, migrate: bool = True, exclusive: bool = False) -> None:
-        """``exclusive``: take the database's one-writer lock (``hangd serve``), or raise StoreInUse."""
+    def __init__(self, url: str, hostname: str | None = None, migrate: bool = True, exclusive: bool = False,
+                 migrate_apart: bool = False) -> None:
+        """``exclusive``: take the database's one-writer lock (``hangd serve``), or raise StoreInUse.
+        ``migrate_apart``: run the migrations in a child interpreter (``upgrade_apart``; the daemon)."""
         self.url = url
+        self._upgrade = upgrade_apart if migrate_apart else upgrade
         self.lock: _Lock | None = _Lock(url, hostname or socket.gethostname()) if exclusive else None
         self._migrated = not migrate
         self._start_error: str | None = None
         try:
             if migrate:
-                upgrade(url)
+                self._upgrade(url)
                 self._migrated = True
         except SQLAlchemyError as e:  # a full disk or a locked file at start: serve anyway, migrate later
             self._start_error = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
@@ -240,6 +311,12 @@ class Store:
         self._last_log = 0.0
         self._gpu_acc: dict[tuple[int, int], list[tuple[float | None, float | None, float | None, float | None]]] = {}
         self.node_id: int = 0
+        # what the processes, jobs and gpus rows of this node hold (the writer thread's, under _lock)
+        self._proc_rows: dict[int, tuple[float, tuple[Any, ...]]] = {}  # pid -> (first_seen, values)
+        self._job_rows: dict[str, tuple[Any, ...]] = {}
+        self._gpu_rows: dict[int, tuple[Any, ...]] = {}
+        self._touched_at = 0.0
+        self._rows_stale = False
         # queued but not yet written: incident id -> (seq of its newest batch, its dict); acks likewise
         self._overlay_lock = threading.Lock()
         self._unwritten: dict[int, tuple[int, dict[str, Any]]] = {}
@@ -301,7 +378,8 @@ class Store:
                     for suffix in ("-wal", "-shm"):
                         if os.path.exists(self.path + suffix):
                             os.unlink(self.path + suffix)
-                upgrade(self.url)
+                self._forget_rows()
+                self._upgrade(self.url)
                 self._ident = self._file_ident()
                 self.node_id = self._node()
             except (SQLAlchemyError, OSError) as e:
@@ -406,17 +484,21 @@ class Store:
         while len(self.pending) > MAX_PENDING:  # bounded: the oldest go first
             self._forget(self.pending.popleft())
             self.dropped += 1
+        if self._rows_stale:
+            self._rows_stale = False
+            self._forget_rows()
         while self.pending:
             b = self.pending[0]
             try:
                 if not self._migrated:
-                    upgrade(self.url)
+                    self._upgrade(self.url)
                     self._migrated = True
                 if not self.node_id:
                     self.node_id = self._node()
                 with self.Session.begin() as s:
                     self._write(s, b)
             except (SQLAlchemyError, OSError) as e:
+                self._forget_rows()  # rolled back: what it remembered writing is not there
                 self._failed(e)
                 return
             self._forget(self.pending.popleft())
@@ -441,18 +523,20 @@ class Store:
 
     def _write(self, s: Session, b: Batch) -> None:
         self._write_incidents(s, b)
-        for c in b.changes:
-            s.add(m.StateChange(node_id=self.node_id, t=c["t"], pid=c["pid"], rank=c.get("rank"), job=c.get("job"),
-                                state=c["state"], reason=redact_text(c["reason"])))
+        if b.changes:
+            s.execute(insert(STATE_CHANGES), [
+                {"node_id": self.node_id, "t": c["t"], "pid": c["pid"], "rank": c.get("rank"), "job": c.get("job"),
+                 "state": c["state"], "reason": redact_text(c["reason"])} for c in b.changes])
+        touch = b.t - self._touched_at >= TOUCH_EVERY_S or b.t < self._touched_at
         if b.processes is not None:
-            self._write_processes(s, b.processes, b.t)
+            self._write_processes(s, b.processes, b.t, touch)
         if b.jobs is not None:
-            self._write_jobs(s, b.jobs, b.t)
+            self._write_jobs(s, b.jobs, b.t, touch)
         if b.gpus is not None:
-            self._write_gpus(s, b.gpus, b.t)
-        n = s.get(m.Node, self.node_id)
-        if n is not None:
-            n.last_seen = b.t
+            self._write_gpus(s, b.gpus, b.t, touch)
+        if touch:
+            self._touched_at = b.t
+            s.execute(update(NODES).where(NODES.c.id == self.node_id).values(last_seen=b.t))
 
     def _write_incidents(self, s: Session, b: Batch) -> None:
         for d in b.incidents:
@@ -471,32 +555,133 @@ class Store:
             inc.status = "open" if d.get("resolved_at") is None else "resolved"
             inc.acked = bool(inc.acked) or bool(d.get("acked"))  # an acknowledgement is never taken back
 
-    def _write_processes(self, s: Session, procs: list[dict[str, Any]], t: float) -> None:
+    def _forget_rows(self) -> None:
+        """What the store believes is in the processes, jobs and gpus tables is read again from
+        the database on the next write: after a failed write (its transaction was rolled back),
+        a recreated file, or retention."""
+        self._proc_rows.clear()
+        self._job_rows.clear()
+        self._gpu_rows.clear()
+        self._touched_at = 0.0
+
+    def _updated_all(self, s: Session, stmt: Any, rows: list[dict[str, Any]]) -> bool:
+        """Run an executemany UPDATE; False when it matched fewer rows than given (a row the
+        store remembered is not there any more), where the driver counts them."""
+        res = cast(CursorResult[Any], s.execute(stmt, rows))
+        if not self.engine.dialect.supports_sane_multi_rowcount or len(rows) == 1 and \
+                not self.engine.dialect.supports_sane_rowcount:
+            return True
+        return res.rowcount == len(rows)
+
+    # The processes, jobs and gpus tables hold one row per thing with its newest state. Most
+    # ticks change none of them, and a tick that changes one process's state used to rewrite every
+    # row with a SELECT and an UPDATE each. The store remembers what each row holds (as written,
+    # before redaction), writes only rows that changed, each kind in one executemany statement,
+    # and moves the last_seen of the others every TOUCH_EVERY_S, as the daemon used to.
+
+    def _write_processes(self, s: Session, procs: list[dict[str, Any]], t: float, touch: bool,
+                         retry: bool = True) -> None:
+        tbl = PROCESSES
+        rows = self._proc_rows
+        unknown = [p["pid"] for p in procs if p["pid"] not in rows]
+        if unknown:  # after a start or a recreated file: the newest row of each pid, in one query
+            for r in s.execute(select(tbl.c.pid, tbl.c.first_seen, tbl.c.job, tbl.c.rank, tbl.c.state, tbl.c.since,
+                                      tbl.c.reason).where(tbl.c.node_id == self.node_id, tbl.c.pid.in_(unknown))
+                               .order_by(tbl.c.first_seen)):
+                rows[r.pid] = (r.first_seen, (r.job, r.rank, r.state, r.since, r.reason))
+        new, changed, same = [], [], []
         for p in procs:
-            proc = s.scalar(select(m.Process).where(m.Process.node_id == self.node_id, m.Process.pid == p["pid"])
-                            .order_by(m.Process.first_seen.desc()).limit(1))
-            if proc is None or proc.job != p.get("job"):
-                proc = m.Process(node_id=self.node_id, pid=p["pid"], first_seen=t)
-                s.add(proc)
-            proc.job, proc.rank, proc.state, proc.since, proc.reason, proc.last_seen = (
-                p.get("job"), p.get("rank"), p.get("state"), p.get("since"), redact_text(p["reason"]) if p.get("reason") else p.get("reason"), t)
+            pid, job = p["pid"], p.get("job")
+            vals = (job, p.get("rank"), p.get("state"), p.get("since"), p.get("reason"))
+            cur = rows.get(pid)
+            if cur is not None and cur[1] == vals:
+                same.append({"b_pid": pid, "b_first": cur[0]})
+                continue
+            row = {"job": job, "rank": vals[1], "state": vals[2], "since": vals[3],
+                   "reason": redact_text(vals[4]) if vals[4] else vals[4], "last_seen": t}
+            if cur is None or cur[1][0] != job:  # a pid seen again in another job is another process
+                new.append(dict(row, node_id=self.node_id, pid=pid, first_seen=t))
+                rows[pid] = (t, vals)
+            else:
+                changed.append(dict(row, b_pid=pid, b_first=cur[0]))
+                rows[pid] = (cur[0], vals)
+        where = (tbl.c.node_id == self.node_id, tbl.c.pid == bindparam("b_pid"), tbl.c.first_seen == bindparam("b_first"))
+        if new:
+            s.execute(insert(tbl), new)
+        ok = True
+        if changed:
+            ok = self._updated_all(s, update(tbl).where(*where).values(
+                {k: bindparam(k) for k in ("job", "rank", "state", "since", "reason", "last_seen")}), changed)
+        if touch and same:
+            ok = self._updated_all(s, update(tbl).where(*where).values(last_seen=t), same) and ok
+        if not ok and retry:  # a row went from under the store (retention): read them all again
+            self._proc_rows.clear()
+            self._write_processes(s, procs, t, touch, retry=False)
 
-    def _write_jobs(self, s: Session, jobs: list[dict[str, Any]], t: float) -> None:
+    def _write_jobs(self, s: Session, jobs: list[dict[str, Any]], t: float, touch: bool, retry: bool = True) -> None:
+        tbl = JOBS
+        rows = self._job_rows
+        unknown = [j["job"] for j in jobs if j["job"] not in rows]
+        if unknown:
+            for r in s.execute(select(tbl.c.key, tbl.c.name, tbl.c.state, tbl.c.ranks)
+                               .where(tbl.c.node_id == self.node_id, tbl.c.key.in_(unknown))):
+                rows[r.key] = (r.name, r.state, r.ranks)
+        new, changed, same = [], [], []
         for j in jobs:
-            job = s.scalar(select(m.Job).where(m.Job.node_id == self.node_id, m.Job.key == j["job"]))
-            if job is None:
-                job = m.Job(node_id=self.node_id, key=j["job"], first_seen=t)
-                s.add(job)
-            job.name, job.state, job.ranks, job.last_seen = j.get("name") or j["job"], j.get("state"), j.get("ranks") or {}, t
+            key = j["job"]
+            vals = (j.get("name") or key, j.get("state"), j.get("ranks") or {})
+            cur = rows.get(key, ...)
+            if cur == vals:
+                same.append({"b_key": key})
+                continue
+            row = {"name": vals[0], "state": vals[1], "ranks": vals[2], "last_seen": t}
+            if cur is ...:
+                new.append(dict(row, node_id=self.node_id, key=key, first_seen=t))
+            else:
+                changed.append(dict(row, b_key=key))
+            rows[key] = vals
+        where = (tbl.c.node_id == self.node_id, tbl.c.key == bindparam("b_key"))
+        if new:
+            s.execute(insert(tbl), new)
+        ok = True
+        if changed:
+            ok = self._updated_all(s, update(tbl).where(*where).values(
+                {k: bindparam(k) for k in ("name", "state", "ranks", "last_seen")}), changed)
+        if touch and same:
+            ok = self._updated_all(s, update(tbl).where(*where).values(last_seen=t), same) and ok
+        if not ok and retry:
+            self._job_rows.clear()
+            self._write_jobs(s, jobs, t, touch, retry=False)
 
-    def _write_gpus(self, s: Session, gpus: list[dict[str, Any]], t: float) -> None:
+    def _write_gpus(self, s: Session, gpus: list[dict[str, Any]], t: float, touch: bool) -> None:
+        tbl = GPUS
+        rows = self._gpu_rows
+        if any(g["index"] not in rows for g in gpus):
+            for idx, uuid, name, mem_total in s.execute(select(tbl.c.index, tbl.c.uuid, tbl.c.name, tbl.c.mem_total)
+                                                        .where(tbl.c.node_id == self.node_id)):
+                rows[idx] = (uuid, name, mem_total)
+        new, changed, same = [], [], []
         for g in gpus:
-            gpu = s.scalar(select(m.Gpu).where(m.Gpu.node_id == self.node_id, m.Gpu.index == g["index"]))
-            if gpu is None:
-                gpu = m.Gpu(node_id=self.node_id, index=g["index"])
-                s.add(gpu)
-            gpu.uuid, gpu.name, gpu.mem_total, gpu.last_seen = g.get("uuid"), g.get("name"), g.get("mem_total"), t
+            vals = (g.get("uuid"), g.get("name"), g.get("mem_total"))
+            cur = rows.get(g["index"], ...)
+            if cur == vals:
+                same.append({"b_index": g["index"]})
+            else:
+                row = {"uuid": vals[0], "name": vals[1], "mem_total": vals[2], "last_seen": t}
+                if cur is ...:
+                    new.append(dict(row, node_id=self.node_id, index=g["index"]))
+                else:
+                    changed.append(dict(row, b_index=g["index"]))
+                rows[g["index"]] = vals
             self._gpu_minute(s, g, t)
+        where = (tbl.c.node_id == self.node_id, tbl.c.index == bindparam("b_index"))
+        if new:
+            s.execute(insert(tbl), new)
+        if changed:
+            s.execute(update(tbl).where(*where).values({k: bindparam(k) for k in ("uuid", "name", "mem_total",
+                                                                                 "last_seen")}), changed)
+        if touch and same:
+            s.execute(update(tbl).where(*where).values(last_seen=t), same)
 
     def _gpu_minute(self, s: Session, g: dict[str, Any], t: float) -> None:
         """Downsample GPU readings to one row per GPU per minute (written when the minute ends)."""
@@ -528,6 +713,7 @@ class Store:
                              delete(m.Process).where(m.Process.last_seen < cutoff),
                              delete(m.Job).where(m.Job.last_seen < cutoff)):
                     n += cast(CursorResult[Any], s.execute(stmt)).rowcount or 0
+            self._rows_stale = True  # the writer reads the rows it remembers again
             return int(n)
         except SQLAlchemyError as e:
             log.error("retention failed: %s", e)

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 
-from sqlalchemy import create_engine, inspect
+import pytest
+from sqlalchemy import create_engine, event, inspect, text
+from sqlalchemy.exc import SQLAlchemyError
 
-from hangd.store.db import Batch, Store, downgrade, upgrade
+from hangd.store.db import Batch, MigrationFailed, Store, downgrade, upgrade, upgrade_apart
 
-from ..conftest import TRACES
+from ..conftest import ROOT, TRACES
 from .conftest import serve
 
 TABLES = {"nodes", "gpus", "jobs", "processes", "state_changes", "incidents", "gpu_minutes", "alembic_version"}
@@ -58,3 +63,102 @@ def test_serve_on_postgres(tmp_path, served, postgres_url):
     incs = s.wait_for(lambda s: s.get("/incidents").json()["incidents"], 30, "an incident in PostgreSQL")
     assert incs[0]["kind"] == "host_stall"
     assert s.get(f"/incidents/{incs[0]['id']}").json()["evidence"]["stacks"]
+
+
+def _rows(st: Store, table: str, order: str) -> list[dict]:
+    with st.engine.connect() as c:
+        return [dict(r._mapping) for r in c.execute(text(f"SELECT * FROM {table} WHERE node_id = :n ORDER BY {order}"),
+                                                     {"n": st.node_id})]
+
+
+def _statements(st: Store) -> list[str]:
+    seen: list[str] = []
+    event.listen(st.engine, "before_cursor_execute", lambda _c, _cur, stmt, *_: seen.append(stmt.split()[0].upper()))
+    return seen
+
+
+def _procs(states: dict[int, str], job: str = "j") -> list[dict]:
+    return [{"pid": pid, "job": job, "rank": pid - 100, "state": st, "since": 1.0,
+             "reason": f"rank {pid - 100} {st}; HF_TOKEN=hf_abcdefghijklmnop"} for pid, st in states.items()]
+
+
+GPU = {"index": 0, "uuid": "GPU-0", "name": "NVIDIA H200", "mem_total": 150754820096, "util_gpu": 50, "gpm": None,
+       "mem_used": 1e9, "power_w": 300.0}
+
+
+def _rows_written_only_when_they_change(url: str, hostname: str) -> None:
+    st = Store(url, hostname=hostname)
+    t = 1_000_000.0
+    jobs = [{"job": "j", "name": "train", "state": "busy", "ranks": {"0": 100, "1": 101}}]
+    st.submit(Batch(t=t, processes=_procs({100: "busy", 101: "busy", 102: "busy"}), jobs=jobs, gpus=[GPU]))
+    procs = _rows(st, "processes", "pid")
+    assert [(p["pid"], p["state"], p["last_seen"]) for p in procs] == [(100, "busy", t), (101, "busy", t), (102, "busy", t)]
+    assert "hf_abcdefghijklmnop" not in procs[0]["reason"], "a stored reason is redacted"
+    assert [(j["key"], j["state"], j["ranks"] if isinstance(j["ranks"], dict) else json.loads(j["ranks"]))
+            for j in _rows(st, "jobs", "key")] == [("j", "busy", {"0": 100, "1": 101})]
+    assert [(g["index"], g["uuid"]) for g in _rows(st, "gpus", "id")] == [(0, "GPU-0")]
+
+    # a tick where nothing moved writes nothing at all (no statement reaches the database)
+    seen = _statements(st)
+    st.submit(Batch(t=t + 1, processes=_procs({100: "busy", 101: "busy", 102: "busy"}), jobs=jobs, gpus=[GPU]))
+    assert seen == [], f"an unchanged tick wrote {seen}"
+    # one process moved: its row alone changes, in one statement
+    st.submit(Batch(t=t + 2, processes=_procs({100: "busy", 101: "hung", 102: "busy"}), jobs=jobs, gpus=[GPU]))
+    assert seen == ["UPDATE"], seen
+    procs = _rows(st, "processes", "pid")
+    assert [(p["state"], p["last_seen"]) for p in procs] == [("busy", t), ("hung", t + 2), ("busy", t)]
+    # ten seconds on, the rows that did not change are seen again; a pid in another job is a new row
+    seen.clear()
+    st.submit(Batch(t=t + 11, processes=_procs({100: "busy", 101: "hung"}) + _procs({102: "idle"}, job="k"),
+                    jobs=jobs, gpus=[GPU]))
+    # a new row, the moved rows of processes, jobs, GPUs and the node's: one statement each
+    assert sorted(seen) == ["INSERT", "UPDATE", "UPDATE", "UPDATE", "UPDATE"], seen
+    procs = _rows(st, "processes", "pid, first_seen")
+    assert [(p["pid"], p["job"], p["state"], p["first_seen"], p["last_seen"]) for p in procs] == [
+        (100, "j", "busy", t, t + 11), (101, "j", "hung", t, t + 11), (102, "j", "busy", t, t),
+        (102, "k", "idle", t + 11, t + 11)]
+    assert [g["last_seen"] for g in _rows(st, "gpus", "id")] == [t + 11]
+    st.close()
+
+    # a restarted hangd carries on with the same rows instead of adding new ones
+    st = Store(url, hostname=hostname)
+    st.submit(Batch(t=t + 12, processes=_procs({100: "idle", 101: "hung"}) + _procs({102: "idle"}, job="k"),
+                    jobs=[dict(jobs[0], state="idle")], gpus=[GPU]))
+    procs = _rows(st, "processes", "pid, first_seen")
+    assert [(p["pid"], p["job"], p["state"], p["first_seen"]) for p in procs] == [
+        (100, "j", "idle", t), (101, "j", "hung", t), (102, "j", "busy", t), (102, "k", "idle", t + 11)]
+    assert [(j["key"], j["state"], j["first_seen"]) for j in _rows(st, "jobs", "key")] == [("j", "idle", t)]
+    assert len(_rows(st, "gpus", "id")) == 1
+
+    # rows deleted from under it (retention) are written again, not lost
+    with st.engine.begin() as c:
+        c.execute(text("DELETE FROM processes WHERE node_id = :n"), {"n": st.node_id})
+    st.submit(Batch(t=t + 13, processes=_procs({100: "busy", 101: "hung"}), jobs=jobs, gpus=[GPU]))
+    assert [(p["pid"], p["state"]) for p in _rows(st, "processes", "pid")] == [(100, "busy"), (101, "hung")]
+    st.close()
+
+
+def test_store_writes_rows_only_when_they_change_sqlite(tmp_path):
+    _rows_written_only_when_they_change(f"sqlite:///{tmp_path / 'w.db'}", "node-a")
+
+
+def test_store_writes_rows_only_when_they_change_postgres(postgres_url):
+    _rows_written_only_when_they_change(postgres_url, f"node-rows-{time.time_ns()}")
+
+
+def test_the_daemon_migrates_in_a_child_and_keeps_alembic_out_of_its_memory(tmp_path):
+    url = f"sqlite:///{tmp_path / 'apart.db'}"
+    code = ("import sys; from hangd.store.db import Store; st = Store(sys.argv[1], migrate_apart=True); "
+            "print(st.healthy, 'alembic' in sys.modules, 'mako' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code, url], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.stdout.split() == ["True", "False", "False"], r.stdout + r.stderr
+    assert _tables(url) >= TABLES
+
+
+def test_a_migration_in_a_child_fails_as_it_would_in_process(tmp_path):
+    with pytest.raises(MigrationFailed, match=r"^\(OperationalError\)") as e:
+        upgrade_apart("postgresql+psycopg://u:s3cr3tpw@127.0.0.1:1/hangd")
+    assert isinstance(e.value, SQLAlchemyError) and "s3cr3tpw" not in str(e.value)
+    (tmp_path / "bad.db").write_text("not a database, but long enough to be read as one " * 100)
+    with pytest.raises(SQLAlchemyError, match="file is not a database"):
+        upgrade_apart(f"sqlite:///{tmp_path / 'bad.db'}")
