@@ -10,9 +10,13 @@ import subprocess
 import time
 from pathlib import Path
 
+from hangd.analysis.engine import Analyzer
+from hangd.analysis.signals import Thresholds
 from hangd.snapshot import Snapshot
 from hangd.sources.output import OutputSource
 from hangd.sources.procfs import ProcSource
+
+from .analysis.builders import Node, P, torchrun_env
 
 
 def _stat(pid: int, state: str = "S") -> str:
@@ -87,3 +91,31 @@ def test_the_sizes_of_logs_nobody_writes_any_more_are_forgotten(tmp_path):
         tick()  # it is reaped: this tick sees it gone
     assert not [p for p in out._sizes if p in logs], out._sizes
     assert not [pid for pid, paths in out._paths.items() if set(paths) & set(logs)]
+
+
+def test_the_analysis_forgets_pids_and_logs_of_jobs_long_gone():
+    """Jobs on GPUs, each with its own log whose lines carry torch's [rankN] prefix: once their
+    processes have left the view, nothing is kept by their pids or their log paths."""
+    an = Analyzer(Thresholds(gone_process_s=10.0, serve_job_quiet_s=10.0))
+    node = Node([], analyzer=an)
+    pid = 1000
+    for _ in range(40):
+        launcher, ranks = pid, [pid + 1, pid + 2]
+        node.procs[launcher] = P(launcher, 1)
+        for i, r in enumerate(ranks):
+            log = f"/jobs/{pid}/rank{i}.log"
+            node.procs[r] = P(r, launcher, {k: v for k, v in torchrun_env(i, 2, port=pid).items() if k != "RANK"},
+                              look="work", gpu=i, log=log)
+            node.write_log(log, f"[rank{i}]: step 1\n")
+        node.run(2)
+        for p in (launcher, *ranks):
+            node.kill(p)
+        node.run(1)
+        node.logs.clear()  # as the output source does: a gone process's log is no longer read
+        pid += 10
+    node.run(15)
+    view = an.view
+    assert len(view.procs) <= 10
+    assert len(view.gpu_seen_at) <= 10, len(view.gpu_seen_at)
+    assert len(view.log_ranks) <= 10, len(view.log_ranks)
+    assert len(view.files) <= 10, len(view.files)
