@@ -233,6 +233,11 @@ class Store:
         self.hostname = hostname or socket.gethostname()
         self.pending: deque[Batch] = deque()
         self.dropped = 0
+        # the newest queued batch that carries the processes (and the jobs): a newer one replaces
+        # its lists, so a store slower than the ticks holds one copy of them, not one per tick
+        self._newest_procs: Batch | None = None
+        self._newest_jobs: Batch | None = None
+        self.superseded = 0
         self.healthy = True
         self.last_error: str | None = None
         self.write_failures_total = 0
@@ -338,6 +343,18 @@ class Store:
             batch.seq = self._seq
             for d in batch.incidents:
                 self._unwritten[d["id"]] = (batch.seq, d)
+            # The processes and jobs of a batch are the whole current list, each row stamped with
+            # the batch's time: a newer list still queued says all an older one would, so the older
+            # one is not written. Incidents and state changes are events and are all kept.
+            if batch.processes is not None:
+                old, self._newest_procs = self._newest_procs, batch
+                if old is not None and old.processes is not None:
+                    old.processes = None
+                    self.superseded += 1
+            if batch.jobs is not None:
+                old, self._newest_jobs = self._newest_jobs, batch
+                if old is not None:
+                    old.jobs = None
         self.pending.append(batch)
         if self._writer is not None:
             self._wake.set()
@@ -444,10 +461,11 @@ class Store:
         for c in b.changes:
             s.add(m.StateChange(node_id=self.node_id, t=c["t"], pid=c["pid"], rank=c.get("rank"), job=c.get("job"),
                                 state=c["state"], reason=redact_text(c["reason"])))
-        if b.processes is not None:
-            self._write_processes(s, b.processes, b.t)
-        if b.jobs is not None:
-            self._write_jobs(s, b.jobs, b.t)
+        procs, jobs = b.processes, b.jobs  # read once: a newer batch queued meanwhile may take them
+        if procs is not None:
+            self._write_processes(s, procs, b.t)
+        if jobs is not None:
+            self._write_jobs(s, jobs, b.t)
         if b.gpus is not None:
             self._write_gpus(s, b.gpus, b.t)
         n = s.get(m.Node, self.node_id)
@@ -472,9 +490,17 @@ class Store:
             inc.acked = bool(inc.acked) or bool(d.get("acked"))  # an acknowledgement is never taken back
 
     def _write_processes(self, s: Session, procs: list[dict[str, Any]], t: float) -> None:
+        # the newest row of every pid in one query, not one query per process: under job churn a
+        # list of hundreds of processes is written every tick
+        newest: dict[int, m.Process] = {}
+        pids = [p["pid"] for p in procs]
+        for i in range(0, len(pids), 500):
+            for row in s.scalars(select(m.Process).where(m.Process.node_id == self.node_id,
+                                                         m.Process.pid.in_(pids[i:i + 500]))
+                                 .order_by(m.Process.first_seen)):
+                newest[row.pid] = row  # oldest first: the newest row of a pid is the one kept
         for p in procs:
-            proc = s.scalar(select(m.Process).where(m.Process.node_id == self.node_id, m.Process.pid == p["pid"])
-                            .order_by(m.Process.first_seen.desc()).limit(1))
+            proc = newest.get(p["pid"])
             if proc is None or proc.job != p.get("job"):
                 proc = m.Process(node_id=self.node_id, pid=p["pid"], first_seen=t)
                 s.add(proc)

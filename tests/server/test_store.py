@@ -58,3 +58,42 @@ def test_serve_on_postgres(tmp_path, served, postgres_url):
     incs = s.wait_for(lambda s: s.get("/incidents").json()["incidents"], 30, "an incident in PostgreSQL")
     assert incs[0]["kind"] == "host_stall"
     assert s.get(f"/incidents/{incs[0]['id']}").json()["evidence"]["stacks"]
+
+
+def test_a_store_slower_than_the_ticks_keeps_one_list_of_the_processes(tmp_path):
+    """While the database cannot take writes (another process holds it locked), every tick still
+    queues its state changes, but only the newest list of the processes stays queued: memory does
+    not grow with the ticks' lists of hundreds of processes. When the lock goes, everything is
+    written and the processes table holds the newest list."""
+    import sqlite3
+
+    from sqlalchemy import text
+
+    db = tmp_path / "slow.db"
+    st = Store(f"sqlite:///{db}")
+    st.start_writer()
+    lock = sqlite3.connect(db, timeout=1)
+    lock.execute("BEGIN EXCLUSIVE")
+    t0 = time.time()
+    try:
+        for i in range(40):
+            t = t0 + i
+            procs = [{"pid": 1000 + p, "job": "j", "rank": p, "state": "busy", "since": t0, "reason": "r"}
+                     for p in range(300)]
+            st.submit(Batch(t=t, processes=procs, jobs=[{"job": "j", "state": "busy", "ranks": {}}],
+                            changes=[{"t": t, "pid": 1000, "rank": 0, "job": "j", "state": "busy", "reason": f"tick {i}"}]))
+        queued = [b for b in list(st.pending) if b.processes is not None]
+        assert len(queued) <= 1, f"{len(queued)} lists of 300 processes queued"
+        assert st.superseded >= 38
+    finally:
+        lock.rollback()
+        lock.close()
+    deadline = time.monotonic() + 60
+    while st.pending and time.monotonic() < deadline:
+        time.sleep(0.2)
+    st.stop_writer()
+    assert not st.pending
+    with st.engine.connect() as c:
+        assert c.execute(text("SELECT count(*) FROM state_changes")).scalar() == 40
+        assert c.execute(text("SELECT count(*), min(last_seen) FROM processes")).one() == (300, t0 + 39)
+    st.close()
