@@ -65,6 +65,7 @@ PG_CONNECT_TIMEOUT_S = 10
 # this much. Set (to SQLite's own default) so that the bound is written down: 2000 KiB per
 # connection; the pool keeps at most 5 (the soak's daemon uses 2).
 SQLITE_CACHE_KIB = 2000
+PIDS_PER_QUERY = 100
 
 
 def make_engine(url: str) -> Engine:
@@ -496,13 +497,16 @@ class Store:
             inc.acked = bool(inc.acked) or bool(d.get("acked"))  # an acknowledgement is never taken back
 
     def _write_processes(self, s: Session, procs: list[dict[str, Any]], t: float) -> None:
-        # the newest row of every pid in one query, not one query per process: under job churn a
-        # list of hundreds of processes is written every tick
+        # the newest row of every pid in a few queries, not one query per process: under job churn
+        # a list of hundreds of processes is written every tick
         newest: dict[int, m.Process] = {}
         pids = [p["pid"] for p in procs]
-        for i in range(0, len(pids), 500):
-            for row in s.scalars(select(m.Process).where(m.Process.node_id == self.node_id,
-                                                         m.Process.pid.in_(pids[i:i + 500]))
+        for i in range(0, len(pids), PIDS_PER_QUERY):
+            part = pids[i:i + PIDS_PER_QUERY]
+            # always as many pids: one statement text, whatever the number of processes (SQLite
+            # keeps every text it prepared, ~25 KiB each, up to 128 per connection)
+            part += part[-1:] * (PIDS_PER_QUERY - len(part))
+            for row in s.scalars(select(m.Process).where(m.Process.node_id == self.node_id, m.Process.pid.in_(part))
                                  .order_by(m.Process.first_seen)):
                 newest[row.pid] = row  # oldest first: the newest row of a pid is the one kept
         for p in procs:

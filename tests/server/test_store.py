@@ -97,3 +97,30 @@ def test_a_store_slower_than_the_ticks_keeps_one_list_of_the_processes(tmp_path)
         assert c.execute(text("SELECT count(*) FROM state_changes")).scalar() == 40
         assert c.execute(text("SELECT count(*), min(last_seen) FROM processes")).one() == (300, t0 + 39)
     st.close()
+
+
+def test_writing_lists_of_any_length_prepares_one_statement_to_find_the_processes(tmp_path):
+    """SQLite keeps every statement text it prepared (~25 KiB each, 128 per connection): the
+    lookup of the processes' rows must not make a new text for every length of the list."""
+    from sqlalchemy import event
+
+    st = Store(f"sqlite:///{tmp_path / 's.db'}")
+    texts: set[str] = set()
+
+    @event.listens_for(st.engine, "before_cursor_execute")
+    def _seen(conn, cursor, statement, parameters, context, executemany):
+        if statement.lstrip().upper().startswith("SELECT") and "FROM processes" in statement:
+            texts.add(statement)
+
+    t0 = time.time()
+    for n in (1, 7, 99, 100, 101, 150, 250):
+        st.submit(Batch(t=t0 + n, processes=[{"pid": 5000 + p, "job": "j", "state": "busy", "reason": "r"}
+                                             for p in range(n)]))
+    assert len(texts) == 1, texts
+    with st.Session() as s:
+        from sqlalchemy import func, select
+
+        from hangd.store import models as m
+        assert s.scalar(select(func.count()).select_from(m.Process)) == 250  # one row per pid, updated in place
+        assert s.scalar(select(func.min(m.Process.last_seen))) == t0 + 250
+    st.close()
