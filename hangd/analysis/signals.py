@@ -187,7 +187,6 @@ class NodeView:
         self.files: dict[str, FileState] = {}
         self.gpu_of: dict[int, dict[int, int | None]] = {}  # pid -> {gpu index: bytes}
         self.gpu_seen_at: dict[int, float] = {}
-        self.actions: list[tuple[float, str, int | None]] = []
         self.new_stacks: list[int] = []
         self.gpu_baseline: dict[int, int] = {}
         self.compile_children: dict[int, int] = {}
@@ -243,8 +242,6 @@ class NodeView:
                 h.stacks.append((t, ss))
                 del h.stacks[:-6]
                 self.new_stacks.append(pid)
-        for a in snap.actions:
-            self.actions.append((t, a.what, a.pid))
         if snap.procs:
             self._count_compile_workers()
             self._count_writers()
@@ -321,8 +318,25 @@ class NodeView:
         st.size = f.size
 
     def _trim(self, t: float) -> None:
-        for pid in [p for p, h in self.procs.items() if h.gone_at is not None and t - h.gone_at > self.th.gone_process_s]:
+        """Bound memory: a process gone for ``gone_process_s`` leaves, and with it what is kept by
+        its pid or by the logs only it wrote (a node that starts jobs all day sees a new pid, and
+        often a new log file, every few seconds)."""
+        gone = [p for p, h in self.procs.items() if h.gone_at is not None and t - h.gone_at > self.th.gone_process_s]
+        for pid in gone:
             del self.procs[pid]
+            self.log_ranks.pop(pid, None)
+        if not gone:
+            return
+        # every reader compares against a few seconds ago: an older sighting says nothing
+        recent = max(self.th.gpu_seen_s, self.th.orphan_gpu_s)
+        for pid in [p for p, at in self.gpu_seen_at.items() if t - at > recent and p not in self.procs]:
+            del self.gpu_seen_at[pid]
+        # a log is read through the processes that write it (their fds): one no process here
+        # writes is never read again
+        written = {target for h in self.procs.values() if h.info is not None and h.info.fds
+                   for target in h.info.fds.values() if target}
+        for path in [p for p in self.files if p not in written]:
+            del self.files[path]
 
     # ------------------------------------------------------------------ queries
 

@@ -226,6 +226,9 @@ class HangdCollector(Collector):
                                 value=float(len(self.d.store.pending)))
         yield CounterMetricFamily("hangd_store_write_failures", "Store writes that failed (and will be retried).",
                                   value=float(self.d.store.write_failures_total))
+        yield CounterMetricFamily("hangd_store_process_lists_superseded", "Lists of the processes queued for the "
+                                  "store that a newer list replaced before they were written (the store was slower "
+                                  "than the ticks; the newest list is written).", value=float(self.d.store.superseded))
         last = self.d.last_tick_at
         yield GaugeMetricFamily("hangd_last_tick_timestamp_seconds", "When the last tick finished (Unix seconds).",
                                 value=float(last) if last else 0.0)

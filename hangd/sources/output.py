@@ -44,10 +44,14 @@ class OutputSource:
             for target in (info.fds or {}).values():
                 if target and target.startswith("/") and not target.startswith("/dev/"):
                     self._paths.setdefault(info.pid, set()).add(target)
-        for p in snap.procs:
-            if p.gone:
-                self._paths.pop(p.pid, None)
-                self._own_root.pop(p.pid, None)
+        gone = [p.pid for p in snap.procs if p.gone]
+        for pid in gone:
+            self._paths.pop(pid, None)
+            self._own_root.pop(pid, None)
+        if gone:  # a log nobody watched writes any more: its last size goes with its writers
+            still = set().union(*self._paths.values())
+            for path in [p for p in self._sizes if p not in still]:
+                del self._sizes[path]
         live = {p.pid for p in snap.procs if not p.gone}
         seen: set[str] = set()
         for pid, paths in self._paths.items():

@@ -227,11 +227,8 @@ class ProcSource:
             pids = {int(d) for d in os.listdir(self.proc_root) if d.isdigit()}
         except OSError as e:
             raise Unavailable(f"cannot list {self.proc_root}: {e}", "HINT: is /proc mounted?") from e
-        for gone in set(self._known) - pids:
-            del self._known[gone]
-            self._threads_at.pop(gone, None)
-            self._last.pop(gone, None)
-            self._io_raw.pop(gone, None)
+        for gone in (set(self._known) | set(self._last)) - pids:
+            self._forget(gone)
         now = time.monotonic()
         for pid in pids - set(self._known):
             st = parse_stat(_read(self._p(pid, "stat")) or "")
@@ -252,6 +249,14 @@ class ProcSource:
                 k.dist_scanned = now
                 k.dist_threads = self._dist_threads(pid, k.dist_tids)
         return pids
+
+    def _forget(self, pid: int) -> None:
+        """Everything kept about ``pid``, in one place: a process seen to vanish in any way (gone
+        from the listing, or between the listing and its read) leaves nothing behind."""
+        self._known.pop(pid, None)
+        self._threads_at.pop(pid, None)
+        self._last.pop(pid, None)
+        self._io_raw.pop(pid, None)
 
     def _inherits_rank(self, k: _Known) -> bool:
         """Its parent has its RANK: a data loader or compile worker forked by a rank. Such a child
@@ -496,7 +501,7 @@ class ProcSource:
             s = self.read_sample(pid, role)
             if s is None or known is None:
                 snap.procs.append(ProcSample(pid=pid, gone=True))
-                self._known.pop(pid, None)
+                self._forget(pid)
                 continue
             s.role = role
             s.dist_threads = known.dist_threads

@@ -83,6 +83,20 @@ def sqlite_path(url: str) -> str | None:
 
 
 PG_CONNECT_TIMEOUT_S = 10
+# SQLite keeps the pages a connection has touched, up to cache_size, for as long as the connection
+# lives: a daemon's RSS creeps up while its database grows, until every pooled connection holds
+# this much. Set (to SQLite's own default) so that the bound is written down: 2000 KiB per
+# connection; the pool keeps at most 5 (the soak's daemon uses 2).
+SQLITE_CACHE_KIB = 2000
+PIDS_PER_QUERY = 100
+
+
+def _padded(keys: list[Any]) -> list[list[Any]]:
+    """``keys`` in parts of PIDS_PER_QUERY, the last one filled up by repeating its last key."""
+    parts = [keys[i:i + PIDS_PER_QUERY] for i in range(0, len(keys), PIDS_PER_QUERY)]
+    if parts:
+        parts[-1] += parts[-1][-1:] * (PIDS_PER_QUERY - len(parts[-1]))
+    return parts
 
 
 def make_engine(url: str) -> Engine:
@@ -100,6 +114,7 @@ def make_engine(url: str) -> Engine:
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.execute("PRAGMA busy_timeout=2000")
+            cur.execute(f"PRAGMA cache_size=-{SQLITE_CACHE_KIB}")
             cur.close()
     return eng
 
@@ -304,6 +319,11 @@ class Store:
         self.hostname = hostname or socket.gethostname()
         self.pending: deque[Batch] = deque()
         self.dropped = 0
+        # the newest queued batch that carries the processes (and the jobs): a newer one replaces
+        # its lists, so a store slower than the ticks holds one copy of them, not one per tick
+        self._newest_procs: Batch | None = None
+        self._newest_jobs: Batch | None = None
+        self.superseded = 0
         self.healthy = True
         self.last_error: str | None = None
         self.write_failures_total = 0
@@ -416,6 +436,18 @@ class Store:
             batch.seq = self._seq
             for d in batch.incidents:
                 self._unwritten[d["id"]] = (batch.seq, d)
+            # The processes and jobs of a batch are the whole current list, each row stamped with
+            # the batch's time: a newer list still queued says all an older one would, so the older
+            # one is not written. Incidents and state changes are events and are all kept.
+            if batch.processes is not None:
+                old, self._newest_procs = self._newest_procs, batch
+                if old is not None and old.processes is not None:
+                    old.processes = None
+                    self.superseded += 1
+            if batch.jobs is not None:
+                old, self._newest_jobs = self._newest_jobs, batch
+                if old is not None:
+                    old.jobs = None
         self.pending.append(batch)
         if self._writer is not None:
             self._wake.set()
@@ -528,10 +560,11 @@ class Store:
                 {"node_id": self.node_id, "t": c["t"], "pid": c["pid"], "rank": c.get("rank"), "job": c.get("job"),
                  "state": c["state"], "reason": redact_text(c["reason"])} for c in b.changes])
         touch = b.t - self._touched_at >= TOUCH_EVERY_S or b.t < self._touched_at
-        if b.processes is not None:
-            self._write_processes(s, b.processes, b.t, touch)
-        if b.jobs is not None:
-            self._write_jobs(s, b.jobs, b.t, touch)
+        procs, jobs = b.processes, b.jobs  # read once: a newer batch queued meanwhile may take them
+        if procs is not None:
+            self._write_processes(s, procs, b.t, touch)
+        if jobs is not None:
+            self._write_jobs(s, jobs, b.t, touch)
         if b.gpus is not None:
             self._write_gpus(s, b.gpus, b.t, touch)
         if touch:
@@ -584,9 +617,12 @@ class Store:
         tbl = PROCESSES
         rows = self._proc_rows
         unknown = [p["pid"] for p in procs if p["pid"] not in rows]
-        if unknown:  # after a start or a recreated file: the newest row of each pid, in one query
+        # new processes (and all of them after a start or a recreated file): the newest row of each
+        # pid, PIDS_PER_QUERY at a time, always as many: one statement text, whatever their number
+        # (SQLite keeps every text it prepared, ~25 KiB each, up to 128 per connection)
+        for part in _padded(unknown):
             for r in s.execute(select(tbl.c.pid, tbl.c.first_seen, tbl.c.job, tbl.c.rank, tbl.c.state, tbl.c.since,
-                                      tbl.c.reason).where(tbl.c.node_id == self.node_id, tbl.c.pid.in_(unknown))
+                                      tbl.c.reason).where(tbl.c.node_id == self.node_id, tbl.c.pid.in_(part))
                                .order_by(tbl.c.first_seen)):
                 rows[r.pid] = (r.first_seen, (r.job, r.rank, r.state, r.since, r.reason))
         new, changed, same = [], [], []
@@ -622,9 +658,9 @@ class Store:
         tbl = JOBS
         rows = self._job_rows
         unknown = [j["job"] for j in jobs if j["job"] not in rows]
-        if unknown:
+        for part in _padded(unknown):
             for r in s.execute(select(tbl.c.key, tbl.c.name, tbl.c.state, tbl.c.ranks)
-                               .where(tbl.c.node_id == self.node_id, tbl.c.key.in_(unknown))):
+                               .where(tbl.c.node_id == self.node_id, tbl.c.key.in_(part))):
                 rows[r.key] = (r.name, r.state, r.ranks)
         new, changed, same = [], [], []
         for j in jobs:

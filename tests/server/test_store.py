@@ -162,3 +162,69 @@ def test_a_migration_in_a_child_fails_as_it_would_in_process(tmp_path):
     (tmp_path / "bad.db").write_text("not a database, but long enough to be read as one " * 100)
     with pytest.raises(SQLAlchemyError, match="file is not a database"):
         upgrade_apart(f"sqlite:///{tmp_path / 'bad.db'}")
+
+
+def test_a_store_slower_than_the_ticks_keeps_one_list_of_the_processes(tmp_path):
+    """While the database cannot take writes (another process holds it locked), every tick still
+    queues its state changes, but only the newest list of the processes stays queued: memory does
+    not grow with the ticks' lists of hundreds of processes. When the lock goes, everything is
+    written and the processes table holds the newest list."""
+    import sqlite3
+
+    from sqlalchemy import text
+
+    db = tmp_path / "slow.db"
+    st = Store(f"sqlite:///{db}")
+    st.start_writer()
+    lock = sqlite3.connect(db, timeout=1)
+    lock.execute("BEGIN EXCLUSIVE")
+    t0 = time.time()
+    try:
+        for i in range(40):
+            t = t0 + i
+            procs = [{"pid": 1000 + p, "job": "j", "rank": p, "state": "busy", "since": t0, "reason": "r"}
+                     for p in range(300)]
+            st.submit(Batch(t=t, processes=procs, jobs=[{"job": "j", "state": "busy", "ranks": {}}],
+                            changes=[{"t": t, "pid": 1000, "rank": 0, "job": "j", "state": "busy", "reason": f"tick {i}"}]))
+        queued = [b for b in list(st.pending) if b.processes is not None]
+        assert len(queued) <= 1, f"{len(queued)} lists of 300 processes queued"
+        assert st.superseded >= 38
+    finally:
+        lock.rollback()
+        lock.close()
+    deadline = time.monotonic() + 60
+    while st.pending and time.monotonic() < deadline:
+        time.sleep(0.2)
+    st.stop_writer()
+    assert not st.pending
+    with st.engine.connect() as c:
+        assert c.execute(text("SELECT count(*) FROM state_changes")).scalar() == 40
+        assert c.execute(text("SELECT count(*), min(last_seen) FROM processes")).one() == (300, t0 + 39)
+    st.close()
+
+
+def test_writing_lists_of_any_length_prepares_one_statement_to_find_the_processes(tmp_path):
+    """SQLite keeps every statement text it prepared (~25 KiB each, 128 per connection): the
+    lookup of the processes' rows must not make a new text for every length of the list."""
+    from sqlalchemy import event
+
+    st = Store(f"sqlite:///{tmp_path / 's.db'}")
+    texts: set[str] = set()
+
+    @event.listens_for(st.engine, "before_cursor_execute")
+    def _seen(conn, cursor, statement, parameters, context, executemany):
+        if statement.lstrip().upper().startswith("SELECT") and "FROM processes" in statement:
+            texts.add(statement)
+
+    t0 = time.time()
+    for n in (1, 7, 99, 100, 101, 150, 250):
+        st.submit(Batch(t=t0 + n, processes=[{"pid": 5000 + p, "job": "j", "state": "busy", "reason": "r"}
+                                             for p in range(n)]))
+    assert len(texts) == 1, texts
+    with st.Session() as s:
+        from sqlalchemy import func, select
+
+        from hangd.store import models as m
+        assert s.scalar(select(func.count()).select_from(m.Process)) == 250  # one row per pid, updated in place
+        assert s.scalar(select(func.min(m.Process.last_seen))) == t0 + 250
+    st.close()
