@@ -99,6 +99,13 @@ def _padded(keys: list[Any]) -> list[list[Any]]:
     return parts
 
 
+def _keep_only(rows: dict[Any, Any], listed: set[Any]) -> None:
+    """What the store remembers of rows it wrote, for the things listed now only: under job churn
+    a node lists thousands of processes an hour (one that comes back is looked up again)."""
+    for key in [k for k in rows if k not in listed]:
+        del rows[key]
+
+
 def make_engine(url: str) -> Engine:
     if url.startswith("sqlite:///") and not url.startswith("sqlite:///:memory:"):
         path = url[len("sqlite:///"):]
@@ -641,6 +648,7 @@ class Store:
             else:
                 changed.append(dict(row, b_pid=pid, b_first=cur[0]))
                 rows[pid] = (cur[0], vals)
+        _keep_only(rows, {p["pid"] for p in procs})
         where = (tbl.c.node_id == self.node_id, tbl.c.pid == bindparam("b_pid"), tbl.c.first_seen == bindparam("b_first"))
         if new:
             s.execute(insert(tbl), new)
@@ -676,6 +684,7 @@ class Store:
             else:
                 changed.append(dict(row, b_key=key))
             rows[key] = vals
+        _keep_only(rows, {j["job"] for j in jobs})
         where = (tbl.c.node_id == self.node_id, tbl.c.key == bindparam("b_key"))
         if new:
             s.execute(insert(tbl), new)

@@ -228,3 +228,29 @@ def test_writing_lists_of_any_length_prepares_one_statement_to_find_the_processe
         assert s.scalar(select(func.count()).select_from(m.Process)) == 250  # one row per pid, updated in place
         assert s.scalar(select(func.min(m.Process.last_seen))) == t0 + 250
     st.close()
+
+
+def test_what_the_writer_remembers_of_rows_is_bounded_by_what_is_listed_now(tmp_path):
+    """The writer remembers the rows it wrote so that it writes only what changed; under job churn
+    (a new job every few seconds for weeks) that memory must follow the listing, not the history,
+    while the table keeps the history."""
+    st = Store(f"sqlite:///{tmp_path / 'churn.db'}")
+    t0 = time.time()
+    for i in range(60):  # 60 two-rank jobs, each listed for three ticks
+        procs = [{"pid": 10_000 + 2 * k + r, "job": f"j{k}", "rank": r, "state": "busy", "reason": "r"}
+                 for k in range(max(0, i - 2), i + 1) for r in range(2)]
+        st.submit(Batch(t=t0 + i, processes=procs, jobs=[{"job": f"j{k}", "state": "busy", "ranks": {}}
+                                                         for k in range(max(0, i - 2), i + 1)]))
+    assert len(st._proc_rows) <= 6 and len(st._job_rows) <= 3, (len(st._proc_rows), len(st._job_rows))
+    with st.Session() as s:
+        from sqlalchemy import func, select
+
+        from hangd.store import models as m
+        assert s.scalar(select(func.count()).select_from(m.Process)) == 120
+        assert s.scalar(select(func.count()).select_from(m.Job)) == 60
+    # a process listed again after a while is found, not written twice
+    st.submit(Batch(t=t0 + 100, processes=[{"pid": 10_000, "job": "j0", "rank": 0, "state": "idle", "reason": "r"}]))
+    with st.Session() as s:
+        assert s.scalar(select(func.count()).select_from(m.Process)) == 120
+        assert s.scalar(select(m.Process.state).where(m.Process.pid == 10_000)) == "idle"
+    st.close()
