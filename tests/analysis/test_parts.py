@@ -285,3 +285,58 @@ def test_a_deep_stack_is_summarized_from_its_innermost_frames():
     sample = StackSample(pid=1, threads=[ThreadStack(tid=1, name="MainThread", active=True, owns_gil=True, frames=frames)])
     assert len(summarize(sample)) == 8 and len(summarize(sample, 12)) == 12
     assert summarize(sample)[0].startswith("f0 ")
+
+
+def _reading(util: float | None = 100, util_mem: float | None = 0, **gpm: float) -> GpuSample:
+    return GpuSample(index=0, util_gpu=util, util_mem=util_mem, mem_used=GiB, mem_total=141 * GiB, power_mw=None,
+                     gpm=dict(gpm))
+
+
+# (reading, works, spins): where the lines between a spinning NCCL kernel (util 100%, SM ~18%,
+# nothing else), real work and light token-by-token decoding sit, one reading at a time
+GPU_READINGS = [
+    (_reading(SM_UTIL=18.0, ANY_TENSOR_UTIL=0.0, DRAM_BW_UTIL=0.0, NVLINK_TOTAL_TX_PER_SEC=0.0), False, True),
+    (_reading(SM_UTIL=18.0), False, True),  # GPM without the other metrics: none of them counts
+    (_reading(util=90, SM_UTIL=18.0), False, True),  # util exactly at the spin line
+    (_reading(util=89.9, SM_UTIL=18.0), False, False),
+    (_reading(SM_UTIL=40.0), False, False),  # SM at the line: more than a resident kernel
+    (_reading(SM_UTIL=39.9), False, True),
+    (_reading(DRAM_BW_UTIL=0.0), False, True),  # GPM without SM: an SM share not shown is not work
+    (_reading(SM_UTIL=18.0, ANY_TENSOR_UTIL=3.0), True, False),  # tensor at its line: work
+    (_reading(SM_UTIL=18.0, ANY_TENSOR_UTIL=2.9), False, True),
+    (_reading(SM_UTIL=18.0, DRAM_BW_UTIL=1.0), True, False),  # DRAM alone: work
+    (_reading(SM_UTIL=18.0, NVLINK_TOTAL_TX_PER_SEC=20.0), True, False),  # NVLink TX alone
+    (_reading(SM_UTIL=18.0, NVLINK_TOTAL_RX_PER_SEC=20.0), True, False),  # NVLink RX alone, no TX key
+    (_reading(SM_UTIL=18.0, NVLINK_TOTAL_TX_PER_SEC=10.0, NVLINK_TOTAL_RX_PER_SEC=10.0), True, False),
+    (_reading(util=100, util_mem=3.0), True, False),  # no GPM: the memory controller's activity
+    (_reading(util=100, util_mem=2.9), False, True),
+    (_reading(util=100, util_mem=None), False, True),
+    (_reading(util=None, util_mem=None), False, False),
+]
+
+
+def test_one_gpu_reading_at_a_time_work_spin_or_neither():
+    from hangd.analysis.signals import _reading_spins, _reading_works
+
+    th = Thresholds()
+    got = [(_reading_works(g, th), _reading_spins(g, th)) for g, _, _ in GPU_READINGS]
+    assert got == [(w, s) for _, w, s in GPU_READINGS]
+
+
+def test_a_window_works_or_spins_when_half_its_readings_do():
+    from hangd.analysis.signals import gpu_signals
+
+    th = Thresholds()
+    spin, idle, work = (_reading(SM_UTIL=18.0), _reading(util=0, SM_UTIL=0.0),
+                        _reading(SM_UTIL=60.0, ANY_TENSOR_UTIL=50.0, DRAM_BW_UTIL=10.0, NVLINK_TOTAL_TX_PER_SEC=5.0,
+                                 NVLINK_TOTAL_RX_PER_SEC=7.0))
+    half = gpu_signals([spin, idle], th)
+    assert half.spin_frac == 0.5 and half.spins(th) and not half.any_work() and not half.works(th)
+    third = gpu_signals([spin, idle, idle], th)
+    assert not third.spins(th)
+    w = gpu_signals([work, idle], th)
+    assert w.works(th) and w.any_work() and w.work_frac == 0.5
+    assert (w.sm, w.tensor, w.dram, w.nvlink_mibs) == (30.0, 25.0, 5.0, 6.0)
+    assert gpu_signals([work, idle, idle], th).any_work() and not gpu_signals([work, idle, idle], th).works(th)
+    sparse = gpu_signals([_reading(SM_UTIL=10.0), _reading(SM_UTIL=30.0, ANY_TENSOR_UTIL=4.0)], th)
+    assert (sparse.tensor, sparse.dram, sparse.nvlink_mibs) == (2.0, 0.0, 0.0)
