@@ -43,7 +43,8 @@ lint: $(VENV)/.test-installed
 	$(BIN)/mypy
 
 # Mutation testing of the files in [tool.mutmut] only_mutate (pyproject.toml); see docs/testing.md.
-# Not part of `make test` or CI: a full run takes tens of minutes. MUTMUT_ARGS=-j2 etc.
+# Not part of `make test` or CI: a full run takes hours on two cores (docs/testing.md: sampling).
+# MUTMUT_ARGS="--max-children 2" or mutant names to judge only those.
 $(VENV)/.mutate-installed: pyproject.toml | $(VENV)/.test-installed
 	$(BIN)/pip install -q -e '.[test,mutate]'
 	touch $@
