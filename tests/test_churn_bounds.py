@@ -16,7 +16,7 @@ from hangd.snapshot import Snapshot
 from hangd.sources.output import OutputSource
 from hangd.sources.procfs import ProcSource
 
-from .analysis.builders import Node, P, torchrun_env
+from .analysis.builders import Node, churn, torchrun_env
 
 
 def _stat(pid: int, state: str = "S") -> str:
@@ -98,22 +98,9 @@ def test_the_analysis_forgets_pids_and_logs_of_jobs_long_gone():
     processes have left the view, nothing is kept by their pids or their log paths."""
     an = Analyzer(Thresholds(gone_process_s=10.0, serve_job_quiet_s=10.0))
     node = Node([], analyzer=an)
-    pid = 1000
-    for _ in range(40):
-        launcher, ranks = pid, [pid + 1, pid + 2]
-        node.procs[launcher] = P(launcher, 1)
-        for i, r in enumerate(ranks):
-            log = f"/jobs/{pid}/rank{i}.log"
-            node.procs[r] = P(r, launcher, {k: v for k, v in torchrun_env(i, 2, port=pid).items() if k != "RANK"},
-                              look="work", gpu=i, log=log)
-            node.write_log(log, f"[rank{i}]: step 1\n")
-        node.run(2)
-        for p in (launcher, *ranks):
-            node.kill(p)
-        node.run(1)
-        node.logs.clear()  # as the output source does: a gone process's log is no longer read
-        pid += 10
-    node.run(15)
+    # the rank number only in the log prefix, not in the environment
+    churn(node, 40, rank_env=lambda r, port: {k: v for k, v in torchrun_env(r, 2, port=port).items() if k != "RANK"},
+          with_logs=True)
     view = an.view
     assert len(view.procs) <= 10
     assert len(view.gpu_seen_at) <= 10, len(view.gpu_seen_at)

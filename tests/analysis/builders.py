@@ -141,3 +141,27 @@ class Node:
 def torchrun_env(rank: int, world: int, port: int = 29500, run_id: str = "none", **extra: str) -> dict[str, str]:
     return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port), "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_RESTART_COUNT": "0", **extra}
+
+
+def churn(node: Node, jobs: int, rank_env=None, with_logs: bool = False) -> None:
+    """``jobs`` 2-rank jobs one after another, each working on the GPUs for 2 s, then gone
+    (launcher and ranks), then 15 s of nothing: what a node starting jobs all day sees.
+    ``rank_env(rank, port)`` gives a rank's environment (torchrun's by default); with
+    ``with_logs`` each rank writes a ``[rankN]:``-prefixed line to a log of its own."""
+    pid = 1000
+    for _ in range(jobs):
+        launcher, ranks = pid, [pid + 1, pid + 2]
+        node.procs[launcher] = P(launcher, 1)
+        for i, r in enumerate(ranks):
+            log = f"/jobs/{pid}/rank{i}.log" if with_logs else None
+            env = rank_env(i, pid) if rank_env else torchrun_env(i, 2, port=pid)
+            node.procs[r] = P(r, launcher, env, look="work", gpu=i, log=log)
+            if log:
+                node.write_log(log, f"[rank{i}]: step 1\n")
+        node.run(2)
+        for p in (launcher, *ranks):
+            node.kill(p)
+        node.run(1)
+        node.logs.clear()  # as the output source does: a gone process's log is no longer read
+        pid += 10
+    node.run(15)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .builders import Node, P, torchrun_env
+from .builders import Node, P, churn, torchrun_env
 
 COLL = [("torch/distributed/distributed_c10d.py", "broadcast_object_list"), ("server.py", "loop")]
 EVENT = [("threading.py", "wait"), ("server.py", "start")]
@@ -163,18 +163,7 @@ def test_memory_stays_bounded_under_job_churn():
 
     an = Analyzer(Thresholds(gone_process_s=10.0, max_changes_in_memory=200, serve_job_quiet_s=10.0))
     node = Node([], analyzer=an)
-    pid = 1000
-    for _ in range(60):
-        launcher, ranks = pid, [pid + 1, pid + 2]
-        node.procs[launcher] = P(launcher, 1)
-        for i, r in enumerate(ranks):
-            node.procs[r] = P(r, launcher, torchrun_env(i, 2, port=pid), look="work", gpu=i)
-        node.run(2)
-        for p in (launcher, *ranks):
-            node.kill(p)
-        node.run(1)
-        pid += 10
-    node.run(15)
+    churn(node, 60)
     assert len(an.tracks) <= 10 and len(an.job_tracks) <= 5, (len(an.tracks), len(an.job_tracks))
     assert len(an.view.procs) <= 10
     assert len(an.changes) <= 200
