@@ -16,7 +16,9 @@ from .conftest import PLANTED_SECRET, TRACES, run_hangd
 
 def test_record_a_live_job_then_replay_gives_the_same_snapshots(tmp_path):
     log = tmp_path / "job.log"
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT="29777", RANK="0", WORLD_SIZE="1",
+    # rank 5 of 6: a trace's meta maps rank -> pid for the node, and other jobs on the machine
+    # (a soak, another test run) are usually ranks 0 and 1
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT="29777", RANK="5", WORLD_SIZE="6",
                HF_TOKEN=PLANTED_SECRET + "XYZ")
     with open(log, "w") as f:
         job = subprocess.Popen([sys.executable, "-c",
