@@ -80,10 +80,10 @@ def has_dist_threads(h: ProcHistory) -> bool:
     return bool(lp is not None and lp.dist_threads)
 
 
-def _job_env(h: ProcHistory) -> bool:
+def _launcher_env(h: ProcHistory) -> bool:
+    """Its environment names a launcher (torchrun, Slurm, MPI): a rank number in it is a job's."""
     env = env_of(h)
-    return env_rank(h) is not None and ("MASTER_ADDR" in env or "TORCHELASTIC_RUN_ID" in env or "SLURM_JOB_ID" in env
-                                        or "OMPI_COMM_WORLD_SIZE" in env or "PMI_SIZE" in env)
+    return any(k in env for k in ("MASTER_ADDR", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"))
 
 
 class _Ranker:
@@ -107,7 +107,7 @@ class _Ranker:
         r = env_rank(h)
         if r is not None and any(env_rank(a) == r for a in anc):
             return False  # a rank's child: it inherited the environment (data loader, compile worker)
-        if r is not None and _job_env(h):
+        if r is not None and _launcher_env(h):
             return True
         rank_anc = next((a for a in anc if self.candidate(a)), None)
         gpu = h.pid in view.gpu_of

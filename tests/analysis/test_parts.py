@@ -307,6 +307,7 @@ GPU_READINGS = [
     (_reading(SM_UTIL=18.0, DRAM_BW_UTIL=1.0), True, False),  # DRAM alone: work
     (_reading(SM_UTIL=18.0, NVLINK_TOTAL_TX_PER_SEC=20.0), True, False),  # NVLink TX alone
     (_reading(SM_UTIL=18.0, NVLINK_TOTAL_RX_PER_SEC=20.0), True, False),  # NVLink RX alone, no TX key
+    (_reading(SM_UTIL=18.0, NVLINK_TOTAL_RX_PER_SEC=19.9), False, True),
     (_reading(SM_UTIL=18.0, NVLINK_TOTAL_TX_PER_SEC=10.0, NVLINK_TOTAL_RX_PER_SEC=10.0), True, False),
     (_reading(util=100, util_mem=3.0), True, False),  # no GPM: the memory controller's activity
     (_reading(util=100, util_mem=2.9), False, True),

@@ -121,7 +121,9 @@ def fill(env: Env, jv: JobView, inc: object) -> None:
         who = ", ".join(f"rank {job.ranks[p]} (pid {p})" for p in culprits)
         one = len(culprits) == 1
         parts.append(f"{who} {'is' if one else 'are'} not in the collective {'its' if one else 'their'} peers wait in: "
-                     + "; ".join(f"rank {job.ranks[p]}: {readings[p].why}" for p in culprits if p in readings))
+                     + "; ".join(f"rank {job.ranks[p]}: {readings[p].why}" if p in readings
+                                 else f"rank {job.ranks[p]}: exited at {report.clock(tr.exited[p])}"
+                                 for p in culprits if p in readings or p in tr.exited))
     if waiters:
         waited = jv.t - (inc.hang_started_at if inc.hang_started_at is not None else jv.last_progress)
         parts.append("; ".join(f"rank {job.ranks[p]} has waited {waited:.0f} s: {readings[p].why}"

@@ -1,0 +1,383 @@
+"""Where the recorded traces never sit on a line: each test here puts one reading on a line of
+the analysis (a deep stack, a vanished thread, a log line cut by the tail, a dump that cannot be
+read, a culprit that exits), and says what the operator then reads."""
+
+from __future__ import annotations
+
+from hangd.analysis import report
+from hangd.analysis.signals import exception_lines
+from hangd.snapshot import Frame, GpuSample, RasReport, Snapshot, StackSample, ThreadStack
+
+from ..conftest import DATA
+from .builders import GiB, Node, P, torchrun_env
+
+COLL = [("torch/distributed/distributed_c10d.py", "all_reduce"), ("train.py", "step")]
+ELSEWHERE = [("threading.py", "wait"), ("train.py", "load")]
+
+
+def _thread(tid: int | None, name: str | None, frames: int = 2) -> ThreadStack:
+    return ThreadStack(tid=tid, name=name, active=False, owns_gil=False,
+                       frames=[Frame(name=f"f{i}", filename="model.py", line=i) for i in range(frames)])
+
+
+def _job(n: int = 2, **kw: object) -> Node:
+    return Node([P(10, 1), *(P(11 + r, 10, torchrun_env(r, n), gpu=r, **kw) for r in range(n))])  # type: ignore[arg-type]
+
+
+def test_a_stack_brief_shows_twelve_frames_and_names_the_threads_that_went_away():
+    node = _job()
+    node.run(1)
+    first = [_thread(11, "MainThread", 20), _thread(900, "loader"), _thread(None, "pt_heartbeat"), _thread(901, None)]
+    node.pending_stacks.append(StackSample(pid=11, threads=first))
+    node.run(1)
+    node.pending_stacks.append(StackSample(pid=11, threads=[_thread(11, "MainThread", 20)]))
+    node.run(1)
+    brief = report.stack_brief(node.an.view, node.an.tracks.get(11), 11)
+    assert brief is not None
+    assert len(brief["frames"]) == 12 and brief["frames"][0].startswith("f0 ")
+    assert brief["threads"] == 1 and brief["captures"] == 2
+    gone = brief["threads_gone"]
+    assert [g.split(" seen at ")[0] for g in gone] == ["thread loader (tid 900)", "thread pt_heartbeat",
+                                                       "thread thread (tid 901)"], gone
+    assert all(" is gone at " in g for g in gone)
+
+
+def test_a_stack_brief_without_lost_threads_says_nothing_of_them():
+    node = _job()
+    node.run(1)
+    for _ in range(2):
+        node.pending_stacks.append(StackSample(pid=11, threads=[_thread(11, "MainThread", 3)]))
+        node.run(1)
+    brief = report.stack_brief(node.an.view, node.an.tracks.get(11), 11)
+    assert brief is not None and "threads_gone" not in brief and brief["unchanged_across_captures"] is True
+    assert len(brief["frames"]) == 3
+
+
+def test_a_rank_prefix_is_read_up_to_its_own_bracket():
+    node = Node([P(10, 1), P(11, 10, torchrun_env(0, 2), gpu=0, log="/job/out"),
+                 P(12, 10, torchrun_env(1, 2), gpu=1, log="/job/out")])
+    node.write_log("/job/out", "starting\n")
+    node.run(1)
+    node.write_log("/job/out", "[rank1]: ValueError: bad shape [4096] vs [7168]\n")
+    node.run(1)
+    (job,) = node.an.job_defs.values()
+    got = [(e["rank"], e["line"]) for e in report.exceptions(node.an.view, job, 0.0)]
+    assert got == [(1, "[rank1]: ValueError: bad shape [4096] vs [7168]")]
+
+
+def test_power_not_read_is_not_reported_as_zero_watts():
+    node = _job()
+    node.run(1)
+    snap = Snapshot(t=node.t + 0.25)
+    node.t += 0.25
+    an = node.an
+    an.step(snap)
+    job = next(iter(an.job_defs.values()))
+    an.view.gpus[0].append((node.t, GpuSample(index=0, util_gpu=0, util_mem=0, mem_used=GiB, mem_total=141 * GiB,
+                                              power_mw=None)))
+    ev = report.evidence(an.view, an.tracks, job, an.signals, 3.0)
+    assert ev["gpus"]["0"]["power_w"] is None
+    an.view.gpus[0].append((node.t, GpuSample(index=0, util_gpu=0, util_mem=0, mem_used=GiB, mem_total=141 * GiB,
+                                              power_mw=124_500)))
+    ev_on = report.evidence(an.view, an.tracks, job, an.signals, 3.0)
+    assert ev_on["gpus"]["0"]["power_w"] == 124.5
+
+
+def test_an_exception_line_is_kept_whole_up_to_500_characters():
+    long = "ValueError: " + "x" * 700
+    assert exception_lines(long + "\n") == [long[:500]]
+
+
+def test_a_log_line_is_read_whole_when_the_log_grows_by_less_than_its_tail():
+    node = _job(log=None)
+    node.procs[11].log = "/job/r0.log"
+    node.write_log("/job/r0.log", "step 1\n")
+    node.run(1)
+    node.write_log("/job/r0.log", "ValueError: one line appended\n")
+    node.run(1)
+    fs = node.an.view.files["/job/r0.log"]
+    assert [line for _, line in fs.exceptions] == ["ValueError: one line appended"]
+
+
+def test_a_line_longer_than_the_tail_is_dropped_but_the_lines_after_it_are_read():
+    node = _job(log=None)
+    node.procs[11].log = "/job/r0.log"
+    node.write_log("/job/r0.log", "a" * 5000)  # no newline yet, and longer than the 4 KiB tail
+    node.run(1)
+    node.write_log("/job/r0.log", "b" * 10 + "\nRuntimeError: after a long line\n")
+    node.run(1)
+    fs = node.an.view.files["/job/r0.log"]
+    assert [line for _, line in fs.exceptions] == ["RuntimeError: after a long line"]
+
+
+def test_a_log_read_first_gives_its_last_three_exceptions_as_already_there():
+    node = _job(log=None)
+    node.procs[11].log = "/job/r0.log"
+    node.write_log("/job/r0.log", "".join(f"ValueError: number {i}\n" for i in range(5)))
+    node.run(1)
+    fs = node.an.view.files["/job/r0.log"]
+    assert list(fs.exceptions) == [(None, "ValueError: number 2"), (None, "ValueError: number 3"),
+                             (None, "ValueError: number 4")]
+
+
+def test_two_unreadable_dumps_are_counted_twice():
+    from hangd.snapshot import FrDump
+
+    node = _job()
+    node.run(1)
+    snap = Snapshot(t=node.t + 0.25)
+    snap.fr_dumps += [FrDump(pid=11, rank=0, format="pickle", path="/d/0", error="truncated pickle"),
+                      FrDump(pid=12, rank=1, format="pickle", path="/d/1", error="truncated pickle")]
+    node.an.step(snap)
+    assert node.an.unreadable == 2
+
+
+def test_the_ras_view_is_attached_as_a_finding_that_names_the_rank_behind():
+    from hangd.replay import run_replay
+
+    text = (DATA / "ras" / "nccl-2.28.9-stall.txt").read_text()
+    an, _ = run_replay(str(DATA / "traces" / "h200x2-live" / "nccl_stall"))
+    inc = next(i for i in an.book.all if i.kind == "nccl_stall")
+    inc.resolved_at = None
+    an.book.open[(inc.job, "hang")] = inc
+    inc.pids = [607, 608]
+    an.step(Snapshot(t=an.view.t + 1, ras=[RasReport(format="text", text=text)]))
+    note = "NCCL RAS: rank 0 (pid 607) launched up to AllReduce #749; rank 1 (pid 608) launched up to AllReduce #748"
+    assert inc.findings[-1] == {"kind": "ras_behind", "source": "nccl_ras", "ranks": [1], "pids": [608], "message": note}
+    assert inc.evidence["nccl_ras"]["kind"] == "nccl_ras" and inc.evidence["nccl_ras"]["source"] == "nccl_ras"
+
+
+def test_a_stack_that_changed_between_two_captures_is_progress_at_the_first_one():
+    node = _job()
+    node.run(2)
+    node.stack(11, COLL)
+    node.tick()
+    first = node.t
+    node.run(1)
+    node.stack(11, COLL)  # the same stack again: no progress
+    node.tick()
+    assert node.an.progress.of(11).why != "its stack changed between two captures"
+    node.run(1)
+    node.stack(11, ELSEWHERE)
+    node.tick()
+    p = node.an.progress.of(11)
+    assert p.why == "its stack changed between two captures", p.why
+    assert abs(p.last_strong - (first + 1.26)) < 1e-6  # the capture before the change, plus 10 ms
+
+
+def test_a_known_verdict_outlives_an_unknown_capture_for_half_a_window():
+    node = _job()
+    node.run(2)
+    node.stack(11, COLL)
+    node.tick()
+    known = node.an.tracks[11].verdict
+    assert known.kind == "collective"
+    half = node.an.th.window_s / 2
+    for _ in range(int(half * node.hz) - 1):
+        node.tick()
+    node.stack(11, [("mystery.py", "spin")])  # a stack no rule knows, exactly half a window later
+    node.tick()
+    assert node.an.tracks[11].verdict.kind == "collective"
+    node.tick()
+    node.stack(11, [("mystery.py", "spin")])  # and once more, just past it: replaced
+    node.tick()
+    assert node.an.tracks[11].verdict.kind != "collective"
+
+
+def test_the_thread_that_says_what_a_process_does_is_not_a_watchdog():
+    from hangd.analysis.stackcat import summarize
+
+    watchdog = ThreadStack(tid=5, name=None, active=False, owns_gil=False,
+                           frames=[Frame(name="c10d::ProcessGroupNCCL::Watchdog::run", filename="libtorch.so")])
+    worker = ThreadStack(tid=6, name=None, active=True, owns_gil=True, frames=[Frame(name="forward", filename="model.py", line=9)])
+    assert summarize(StackSample(pid=1, threads=[watchdog, worker])) == ["forward (model.py:9)"]
+    assert summarize(StackSample(pid=1, threads=[watchdog])) == ["c10d::ProcessGroupNCCL::Watchdog::run (libtorch.so)"]
+
+
+def test_a_rank_without_a_gpu_is_one_by_its_launcher_s_environment_alone():
+    for env, rank in (({"RANK": "0", "TORCHELASTIC_RUN_ID": "r7"}, True), ({"RANK": "0", "SLURM_JOB_ID": "77"}, True),
+                      ({"RANK": "0", "PMI_SIZE": "2"}, True), ({"RANK": "0", "OMPI_COMM_WORLD_SIZE": "2"}, True),
+                      ({"RANK": "0"}, False), ({"RANK": "0", "WORLD_SIZE": "2"}, False)):
+        node = Node([P(5, 1), P(11, 5, env)])
+        node.run(2)
+        assert ([p["pid"] for p in node.an.processes()] == [11]) is rank, env
+
+
+def _stopped_then_killed() -> Node:
+    node = Node([P(10, 1), *(P(11 + r, 10, torchrun_env(r, 3), gpu=r) for r in range(3))])
+    node.run(3)
+    node.procs[13].state = "T"  # rank 2 stopped (SIGSTOP, a debugger); rank 1 never shows a stack
+    node.stack(11, COLL)
+    node.run(20)
+    (inc,) = [i for i in node.an.incidents() if i.resolved_at is None]
+    assert inc.culprit_ranks == [2] and inc.evidence["culprit_from"] == "stopped"
+    node.kill(13)
+    node.stack(11, COLL)
+    node.run(15)
+    return node
+
+
+def test_a_stopped_culprit_that_is_then_killed_stays_the_culprit_and_no_bystander_is_blamed():
+    hang = next(i for i in _stopped_then_killed().an.incidents() if i.kind == "host_stall")
+    assert hang.culprit_ranks == [2] and hang.culprit_pids == [13]
+
+
+def test_a_culprit_that_exited_is_said_to_have_exited():
+    hang = next(i for i in _stopped_then_killed().an.incidents() if i.kind == "host_stall")
+    assert "rank 2 (pid 13) is not in the collective its peers wait in: rank 2: exited at " in hang.summary, hang.summary
+
+
+def _ras_attached(text: str) -> list[dict]:
+    from hangd.replay import run_replay
+
+    an, _ = run_replay(str(DATA / "traces" / "h200x2-live" / "nccl_stall"))
+    inc = next(i for i in an.book.all if i.kind == "nccl_stall")
+    inc.resolved_at = None
+    an.book.open[(inc.job, "hang")] = inc
+    inc.pids = [607, 608]
+    an.step(Snapshot(t=an.view.t + 1, ras=[RasReport(format="text", text=text)]))
+    return inc.findings
+
+
+def test_a_ras_answer_that_does_not_name_the_operation_says_operation():
+    text = (DATA / "ras" / "nccl-2.28.9-stall.txt").read_text().replace("different AllReduce operation counts",
+                                                                          "different counts")
+    note = _ras_attached(text)[-1]["message"]
+    assert note == "NCCL RAS: rank 0 (pid 607) launched up to operation #749; rank 1 (pid 608) launched up to operation #748"
+
+
+def _sigs(**kw: object):
+    from hangd.analysis.signals import GpuSignals, ProcSignals
+
+    s = ProcSignals(pid=1, age_s=60.0)
+    s.gpu = GpuSignals()
+    for k, v in kw.items():
+        setattr(s, k, v)
+    return s
+
+
+def _book():
+    from hangd.analysis.progress import ProgressBook
+    from hangd.analysis.signals import Thresholds
+
+    return ProgressBook(Thresholds())
+
+
+def test_work_seen_only_by_the_memory_controller_names_the_process_s_first_gpu_and_its_share():
+    from hangd.analysis.signals import GpuSignals
+
+    b = _book()
+    b.observe(1, _sigs(gpu=GpuSignals(util=100, util_mem=7, work_frac=1.0), gpu_indexes=[2, 3], gpu_work_at=99.5), 100.0, None)
+    assert b.of(1).why == "GPU 2 memory controller 7% busy" and b.of(1).last_strong == 99.5
+
+
+def test_disk_io_of_a_rank_blocked_in_a_collective_is_not_its_progress():
+    from hangd.analysis.signals import MiB
+
+    for wait, credited in (("collective", False), ("store", False), ("lock_wait", False), ("sleep", True), (None, True)):
+        b = _book()
+        b.observe(1, _sigs(read_per_s=50 * MiB), 100.0, wait)
+        assert (b.of(1).last is not None) is credited, wait
+
+
+def test_disk_io_just_under_the_line_is_not_progress_whatever_was_not_read():
+    from hangd.analysis.signals import MiB
+
+    b = _book()
+    b.observe(1, _sigs(read_per_s=1 * MiB - 0.5, write_per_s=None), 100.0, None)
+    assert b.of(1).last is None
+    b.observe(1, _sigs(read_per_s=1 * MiB, write_per_s=None), 101.0, None)
+    assert b.of(1).last == 101.0
+
+
+def test_a_slow_reader_s_bytes_count_once_it_read_in_two_distinct_seconds():
+    from hangd.analysis.signals import MiB
+
+    for active, credited in ((1, False), (2, True)):
+        b = _book()
+        b.observe(1, _sigs(io_long_per_s=2_500_000.4, io_active_s=active, io_last_at=98.0), 100.0, None)
+        assert (b.of(1).last_strong == 98.0) is credited, active
+        if credited:
+            assert b.of(1).why == "disk I/O 3 MB/s over the last 6 s", b.of(1).why
+    assert MiB > 1_000_000
+
+
+def _compile_node(workers: list[tuple[int, int]]) -> Node:
+    """A rank (pid 11) with compile workers below it: (pid, CPU ticks a second) each."""
+    procs = [P(10, 1), P(11, 10, torchrun_env(0, 1), gpu=0)]
+    for pid, ticks in workers:
+        procs.append(P(pid, 11, cmdline=["python", "-m", "torch._inductor.compile_worker", "--workers=2"],
+                       cpu_ticks_per_s=ticks))
+    return Node(procs)
+
+
+def test_only_busy_compile_workers_are_counted_under_their_rank():
+    node = _compile_node([(21, 5), (22, 100), (23, 50)])  # 0.05 cores (an idle pool), 1 core, 0.5 cores
+    node.run(2)
+    assert node.an.view.compile_children.get(11) == 2
+    assert node.an.view.compile_children.get(10) == 2  # and under the launcher above it
+    node = _compile_node([(21, 5)])
+    node.run(2)
+    assert node.an.view.compile_children.get(11) is None
+
+
+def test_a_log_is_the_progress_of_a_process_without_io_counters_when_it_alone_writes_it():
+    from hangd.analysis.signals import ProcHistory, _wrote_in
+    from hangd.snapshot import ProcSample
+
+    h = ProcHistory(pid=1, first_seen=0.0)
+    for k in range(4):
+        h.samples.append((float(k), ProcSample(pid=1, io=None)))
+    assert _wrote_in(h, 3.0, 2.0) is None
+    h.samples.append((4.0, ProcSample(pid=1, io={"wchar": 10})))
+    h.samples.append((5.0, ProcSample(pid=1, io={"wchar": 10})))
+    assert _wrote_in(h, 5.0, 2.0) is False
+    h.samples.append((6.0, ProcSample(pid=1, io={"wchar": 30})))
+    assert _wrote_in(h, 6.0, 2.0) is True
+
+
+def test_a_hung_job_whose_launcher_died_is_hung_while_its_ranks_are_orphaned():
+    node = _job(3)
+    node.run(3)
+    node.stack(11, COLL)
+    node.stack(12, COLL)
+    node.run(20)
+    assert node.jobs()[0]["state"] == "hung"
+    node.kill(10)  # the launcher goes; its ranks, still holding their GPUs, are re-parented to init
+    for p in (11, 12, 13):
+        node.procs[p].ppid = 1
+    node.run(20)
+    assert {p["state"] for p in node.an.processes()} == {"orphaned"}
+    assert sorted(str(i.kind) for i in node.an.incidents() if i.resolved_at is None) == ["host_stall", "orphaned_gpu_memory"]
+    assert node.jobs()[0]["state"] == "hung"
+
+
+def test_a_dump_s_own_rank_wins_over_the_rank_in_its_file_name():
+    from hangd.flightrec.reader import read_file
+    from hangd.snapshot import FrDump
+
+    from ..conftest import TRACES
+
+    node = _job()
+    node.run(1)
+    snap = Snapshot(t=node.t + 0.25)
+    for r in (0, 1):
+        path = str(TRACES / "nccl_stall" / "files" / f"nccl_trace_rank_{r}")
+        snap.fr_dumps.append(FrDump(pid=11 + r, rank=7 - r, format="pickle", path=path, dump=read_file(path)))
+    node.an.step(snap)
+    (tr,) = [tr for tr in node.an.job_tracks.values() if tr.fr]
+    assert sorted(tr.fr) == [0, 1] and tr.fr_pids == {0: 11, 1: 12}
+
+
+def test_a_dump_of_a_job_that_still_progresses_does_not_say_a_rank_is_missing_or_stuck():
+    from hangd.analysis.views import JobTrack
+    from hangd.flightrec.analyze import Finding
+
+    node = _job(look="work")
+    node.run(3)
+    (job_id,) = node.an.job_defs
+    tr = JobTrack()
+    for kind in ("missing_rank", "stuck", "size_mismatch"):
+        node.an._fr_finding(job_id, tr, Finding(kind=kind, pg="0", seq=3, op="all_reduce", ranks=[0, 1], message=kind,
+                                                   sizes={0: [[4]], 1: [[8]]}), node.t)
+    assert [f.kind for f in tr.findings] == ["size_mismatch"]
