@@ -33,7 +33,7 @@ from hangd.analysis.model import (
     StateChange,
 )
 from hangd.analysis.progress import ProgressBook
-from hangd.analysis.signals import NodeView, ProcSignals, Thresholds, proc_signals
+from hangd.analysis.signals import NodeView, ProcHistory, ProcSignals, Thresholds, proc_signals
 from hangd.analysis.views import JobTrack, JobView, ProcTrack
 from hangd.evidence import Requests, decode_evidence
 from hangd.flightrec.analyze import Finding, analyze
@@ -230,8 +230,7 @@ class Analyzer:
             p.stack_sig, p.stack_sig_t = sig, t
         if v.known or p.verdict_t is None or t - p.verdict_t > self.th.window_s / 2:
             p.verdict, p.verdict_t = v, t
-            lp = h.latest()
-            p.verdict_wchan = lp.wchan if lp is not None else None
+            p.verdict_wchan = _wait_point(h)
 
     def _fr_arrived(self, snap: Snapshot, t: float) -> None:
         by_job: dict[str, list[int]] = {}
@@ -332,7 +331,7 @@ class Analyzer:
         pr = self.progress.of(pid)
         fresh = p.verdict_t is not None and t - p.verdict_t <= th.verdict_fresh_s and \
             (pr.last_strong is None or pr.last_strong <= p.verdict_t + th.window_s) and \
-            (p.verdict_wchan is None or s.wchan is None or p.verdict_wchan == s.wchan)
+            _same_wait_point(p.verdict_wchan, s)
         return Context(verdict=p.verdict if fresh else stackcat.UNKNOWN, progressed_recently=pr.recent(t, th.window_s),
                        progress_why=pr.why)
 
@@ -341,7 +340,7 @@ class Analyzer:
         p = self._track(pid)
         if p.verdict_t is None or t - p.verdict_t > self.th.verdict_known_s:
             return None
-        if p.verdict_wchan is not None and s.wchan is not None and p.verdict_wchan != s.wchan:
+        if not _same_wait_point(p.verdict_wchan, s):
             return None
         return p.verdict.kind
 
@@ -555,3 +554,16 @@ class Analyzer:
             if tr.fr_asked is None or t - tr.fr_asked > th.fr_rerequest_s:
                 tr.fr_asked = t
                 self.requests.fr_dumps.extend(live)
+
+
+def _wait_point(h: ProcHistory) -> str | None:
+    """Where in the kernel the process waits: the wchan of its newest reading outside a tracing
+    stop (state ``t``: a stack capture or a debugger holds it a moment, and says nothing of the program)."""
+    for _, ps in reversed(h.samples):
+        if ps.state != "t":
+            return ps.wchan
+    return None
+
+
+def _same_wait_point(wchan: str | None, s: ProcSignals) -> bool:
+    return wchan is None or s.wchan is None or s.state == "t" or wchan == s.wchan

@@ -591,7 +591,7 @@ def proc_signals(view: NodeView, pid: int, t: float, th: Thresholds) -> ProcSign
             elif sig.log_grew_shared_at is None or fs.grew_at > sig.log_grew_shared_at:
                 sig.log_grew_shared_at = fs.grew_at
     sig.compile_children = view.compile_children.get(pid, 0)
-    _long_signals(sig, view, h, t, th, wide)
+    _long_signals(sig, h, th, t, wide)
     return sig
 
 
@@ -640,12 +640,10 @@ def _wrote_in(h: ProcHistory, at: float, within: float) -> bool | None:
     return None if newest is None else False
 
 
-def _long_signals(sig: ProcSignals, view: NodeView, h: ProcHistory, t: float, th: Thresholds,
-                  wide: list[tuple[float, ProcSample]] | None = None) -> None:
+def _long_signals(sig: ProcSignals, h: ProcHistory, th: Thresholds, t: float,
+                  wide: list[tuple[float, ProcSample]]) -> None:
     """Signals over windows longer than the classifier's: sustained I/O, main-thread wake-ups,
-    threads that went away. ``wide``: the process's window at least as wide as both, if at hand."""
-    if wide is None:
-        wide = view.proc_window(h.pid, t, max(th.io_window_s, th.wake_window_s))
+    threads that went away. ``wide``: the process's window at least as wide as both."""
     win = _tail(wide, t, th.io_window_s)
     if len(win) >= 2:
         total = 0

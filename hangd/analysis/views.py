@@ -58,6 +58,9 @@ class JobTrack:
     fr_keys: set[tuple[str, str | None, int | None]] = field(default_factory=set)
     findings: list[Any] = field(default_factory=list)  # flightrec Findings
     culprit: Culprit | None = None
+    # ranks seen waiting in the collective since the job was judged hung: one that drops out of the
+    # wait for a tick (stopped a moment for a stack capture) is still a waiter, not a suspect
+    waiters: set[int] = field(default_factory=set)
     last_seen: float = 0.0
     pids: set[int] = field(default_factory=set)
 

@@ -381,3 +381,200 @@ def test_a_dump_of_a_job_that_still_progresses_does_not_say_a_rank_is_missing_or
         node.an._fr_finding(job_id, tr, Finding(kind=kind, pg="0", seq=3, op="all_reduce", ranks=[0, 1], message=kind,
                                                    sizes={0: [[4]], 1: [[8]]}), node.t)
     assert [f.kind for f in tr.findings] == ["size_mismatch"]
+
+
+def _feed(view, t: float, samples: list, gpus: list | None = None, infos: list | None = None, files: list | None = None):
+    snap = Snapshot(t=t)
+    snap.procs, snap.gpus, snap.infos, snap.files = samples, gpus or [], infos or [], files or []
+    view.feed(snap)
+
+
+def _gpu(idx: int, procs: dict[int, int], util: float = 0, **gpm: float) -> GpuSample:
+    from hangd.snapshot import GpuProc
+
+    return GpuSample(index=idx, util_gpu=util, util_mem=0, mem_used=sum(procs.values()), mem_total=141 * GiB,
+                     power_mw=100_000, gpm=dict(gpm), procs=[GpuProc(pid=p, used=u) for p, u in procs.items()])
+
+
+def test_io_counters_that_appear_mid_window_give_no_rate_and_no_error():
+    from hangd.analysis.signals import NodeView, Thresholds, proc_signals
+    from hangd.snapshot import ProcSample
+
+    th = Thresholds()
+    view = NodeView(th)
+    _feed(view, 100.0, [ProcSample(pid=7, ppid=1, state="S", io=None)])
+    _feed(view, 101.0, [ProcSample(pid=7, ppid=1, state="S", io={"read_bytes": 10**9, "wchar": 5})])
+    s = proc_signals(view, 7, 101.0, th)
+    assert s.read_per_s is None and s.io_long_per_s is None
+
+
+def test_a_process_on_two_gpus_is_read_on_the_one_it_holds_most_memory_on():
+    from hangd.analysis.signals import NodeView, Thresholds, proc_signals
+    from hangd.snapshot import ProcSample
+
+    from .builders import IDLE, WORK
+
+    th = Thresholds()
+    view = NodeView(th)
+    for k in range(9):
+        _feed(view, 100.0 + k / 4, [ProcSample(pid=7, ppid=1, state="S")],
+              [_gpu(0, {7: GiB // 2}, 0, **IDLE), _gpu(1, {7: 20 * GiB}, 99, **WORK)])
+    s = proc_signals(view, 7, 102.0, th)
+    assert s.gpu_indexes == [0, 1] and s.gpu.works(th) and s.gpu_work_at == 102.0
+
+
+def test_gpu_memory_that_grows_inside_the_first_window_is_its_change():
+    from hangd.analysis.signals import NodeView, Thresholds, proc_signals
+    from hangd.snapshot import ProcSample
+
+    th = Thresholds()
+    view = NodeView(th)
+    for k in range(5):
+        _feed(view, 100.0 + k / 4, [ProcSample(pid=7, ppid=1, state="S")], [_gpu(0, {7: (2 + k) * GiB})])
+    s = proc_signals(view, 7, 101.0, th)
+    assert s.gpu_mem_change == 4 * GiB and s.gpu_mem_rate == 4 * GiB / th.window_s
+
+
+def test_on_a_shared_gpu_a_process_without_sm_time_keeps_only_the_gpu_s_power_and_kind_of_reading():
+    from hangd.analysis.signals import NodeView, Thresholds, proc_signals
+    from hangd.snapshot import ProcSample
+
+    from .builders import WORK
+
+    th = Thresholds()
+    view = NodeView(th)
+    for k in range(9):
+        g = _gpu(0, {7: 20 * GiB, 8: GiB}, 99, **WORK)
+        g.proc_util = [{"pid": 7, "sm": 80}, {"pid": 8, "sm": 0}]
+        _feed(view, 100.0 + k / 4, [ProcSample(pid=7, ppid=1, state="R"), ProcSample(pid=8, ppid=1, state="S")], [g])
+    s = proc_signals(view, 8, 102.0, th)
+    assert s.gpu_shared_idle and s.gpu.util == 0.0 and s.gpu.has_gpm is True and s.gpu.power_w == 100.0
+    assert s.gpu_work_at is None and not s.gpu.any_work()
+
+
+def test_a_log_grown_by_a_process_without_io_counters_is_its_own_when_it_alone_writes_it():
+    from hangd.analysis.signals import NodeView, Thresholds, proc_signals
+    from hangd.snapshot import FileSample, ProcInfo, ProcSample
+
+    th = Thresholds()
+    for writers, mine in ((1, True), (2, False)):
+        view = NodeView(th)
+        infos = [ProcInfo(pid=p, ppid=1, cmdline=["python", "x.py"], fds={"1": "/l/out"}) for p in range(7, 7 + writers)]
+        for k in range(8):
+            _feed(view, 100.0 + k / 4, [ProcSample(pid=p, ppid=1, state="S", io=None) for p in range(7, 7 + writers)],
+                  infos=infos if k == 0 else None, files=[FileSample(path="/l/out", size=10 * (k + 1),
+                                                                    tail="".join(f"step {i}\n" for i in range(k + 1)))])
+        s = proc_signals(view, 7, 101.75, th)
+        assert (s.log_grew_at == 101.75) is mine and (s.log_grew_shared_at == 101.75) is not mine, writers
+
+
+def test_a_slow_writer_s_bytes_count_like_a_slow_reader_s():
+    from hangd.analysis.signals import MiB, NodeView, Thresholds, proc_signals
+    from hangd.snapshot import ProcSample
+
+    th = Thresholds()
+    view = NodeView(th)
+    for k in range(25):
+        _feed(view, 100.0 + k / 4, [ProcSample(pid=7, ppid=1, state="S",
+                                               io={"read_bytes": 0, "write_bytes": 2 * MiB * k, "rchar": 0, "wchar": 0})])
+    s = proc_signals(view, 7, 106.0, th)
+    assert s.io_long_per_s is not None and abs(s.io_long_per_s - 8 * MiB) < 1 and s.io_active_s >= 5
+
+
+def test_main_thread_wake_ups_are_counted_only_over_half_a_window_or_more():
+    from hangd.analysis.signals import NodeView, Thresholds, proc_signals
+    from hangd.snapshot import ProcSample
+
+    th = Thresholds()
+    for n, counted in ((8, True), (7, True), (6, False)):  # half the 3 s window: 1.5 s, 7 readings
+        view = NodeView(th)
+        # n readings 0.25 s apart: the first counts from 1000 s, the last (n-1)/4 s later
+        for k in range(n):
+            _feed(view, 1000.0 + k / 4, [ProcSample(pid=7, ppid=1, state="S", voluntary_ctxt_switches=100 * k)])
+        s = proc_signals(view, 7, 1000.0 + (n - 1) / 4, th)
+        assert (s.wakes_per_s == 400.0) is counted, (n, s.wakes_per_s)
+
+
+def test_compile_workers_under_a_parent_hangd_does_not_see_are_counted_for_it():
+    from hangd.analysis.signals import NodeView, Thresholds
+    from hangd.snapshot import ProcSample
+
+    view = NodeView(Thresholds())
+    for k in range(3):
+        _feed(view, 100.0 + k, [ProcSample(pid=30, ppid=500, comm="ptxas", state="R", utime=100 * k, stime=0)])
+    assert view.compile_children == {500: 1}
+
+
+def test_a_quiet_process_whose_stack_says_where_it_sleeps_is_no_longer_starting():
+    for frames, starting in (([("time.py", "sleep"), ("server.py", "idle_loop")], False), (None, True)):
+        node = Node([P(10, 1), P(11, 10, torchrun_env(0, 1), gpu=0)])
+        node.run(2)
+        assert node.state(11) == "starting"
+        if frames:
+            node.stack(11, frames)
+        node.run(1)
+        assert node.an.tracks[11].started is not starting, frames  # (the new state then holds for its dwell)
+
+
+def test_a_process_quiet_after_its_setup_is_no_longer_starting_at_setup_plus_quiet_time():
+    node = Node([P(10, 1), P(11, 10, torchrun_env(0, 1), cpu_ticks_per_s=100)])  # imports, no GPU
+    th = node.an.th
+    node.run(th.startup_cpu_s + 5)
+    assert node.state(11) == "starting"
+    node.procs[11].cpu_ticks_per_s = 0
+    while node.t < 999.0 + th.startup_cpu_s + th.startup_quiet_s - 0.25:  # the process started at 999 s
+        node.tick()
+        assert not node.an.tracks[11].started, node.t
+    node.tick()
+    assert node.an.tracks[11].started
+
+
+def test_incidents_of_jobs_that_are_gone_end_even_after_one_kept_for_a_gpu():
+    from hangd.incidents import IncidentKind
+
+    node = _job()
+    node.run(3)
+    node.stack(11, COLL)
+    node.run(20)
+    node.an.book.open_incident(IncidentKind.ORPHANED_GPU_MEMORY, "gpu:0", node.t)
+    node.an.book.open = {k: node.an.book.open[k] for k in sorted(node.an.book.open, key=lambda k: not k[0].startswith("gpu:"))}
+    for p in (10, 11, 12):
+        node.kill(p)
+    node.run(2)
+    hang = next(i for i in node.an.incidents() if i.kind == "host_stall")
+    assert hang.resolved_at is not None
+
+
+def test_a_rank_held_a_moment_for_a_stack_capture_is_still_described_by_its_stack():
+    node = _job()
+    node.run(3)
+    node.stack(11, COLL)
+    node.procs[11].state = "t"  # the capture held it in a tracing stop, at another kernel wait point
+    node.procs[11].wchan = "ptrace_stop"
+    node.tick()
+    node.procs[11].state, node.procs[11].wchan = "S", "futex_do_wait"
+    node.run(20)
+    (inc,) = node.an.incidents()
+    seen = []
+    for state, wchan in (("t", "ptrace_stop"), ("S", "futex_do_wait"), ("t", "do_signal_stop")):
+        node.procs[11].state, node.procs[11].wchan = state, wchan
+        node.stack(12, ELSEWHERE)
+        node.tick()
+        seen.append(inc.summary)
+    assert all("rank 0 has waited" in x and "its stack is inside a collective: all_reduce" in x for x in seen), seen
+    assert inc.culprit_ranks == [1]
+
+
+def test_a_rank_once_seen_waiting_in_the_hung_collective_is_never_made_a_suspect():
+    node = _job(3)
+    node.run(3)
+    node.stack(11, COLL)
+    node.stack(12, COLL)
+    node.stack(13, ELSEWHERE)
+    node.run(20)
+    (inc,) = node.an.incidents()
+    assert inc.culprit_ranks == [2]
+    node.procs[12].wchan = "ep_poll"  # rank 1 leaves the wait point its stack was taken at: its stack is stale
+    node.run(5)
+    assert inc.culprit_ranks == [2], inc.summary
+    assert "rank 0 has waited" in inc.summary and "rank 1 has waited" in inc.summary, inc.summary

@@ -60,7 +60,7 @@ def step(env: Env, jv: JobView, blocked_by_exit: bool) -> None:
             if inc is not None:
                 env.book.resolve(inc, jv.t, "the job's processes are gone")
     elif kind is not None:
-        tr.hung, tr.hung_at = True, jv.t
+        tr.hung, tr.hung_at, tr.waiters = True, jv.t, set()
     if not tr.hung:
         return
     if kind is None and inc is not None:
@@ -86,7 +86,7 @@ def _culprit(env: Env, jv: JobView) -> Culprit | None:
             return Culprit(pids, 4, "flight recorder: " + missing[0].message)
     if jv.stopped:
         return Culprit(jv.by_rank(jv.stopped), 3, "stopped")
-    waiting = jv.waiting
+    waiting = jv.waiting | {p for p in tr.waiters if p in jv.live}
     if waiting:
         others = [p for p in jv.live if p not in waiting]
         # a rank whose stack shows it somewhere else is the one they wait for; a rank with no stack
@@ -104,6 +104,7 @@ def fill(env: Env, jv: JobView, inc: object) -> None:
 
     assert isinstance(inc, Incident)
     job, tr = jv.job, jv.track
+    tr.waiters |= jv.waiting
     new = _culprit(env, jv)
     alive = set(jv.live) | set(tr.exited)
     if new is not None and (tr.culprit is None or new.strength >= tr.culprit.strength
@@ -115,7 +116,7 @@ def fill(env: Env, jv: JobView, inc: object) -> None:
     inc.culprit_pids = culprits
     inc.culprit_ranks = [job.ranks[p] for p in culprits]
     readings = jv.readings
-    waiters = jv.by_rank(jv.waiting - set(culprits))
+    waiters = jv.by_rank({p for p in tr.waiters if p in jv.live} - set(culprits))
     parts = []
     if culprits:
         who = ", ".join(f"rank {job.ranks[p]} (pid {p})" for p in culprits)
