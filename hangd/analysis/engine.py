@@ -363,7 +363,6 @@ class Analyzer:
         live: list[int] = []
         for pid in job.pids:
             self._pid_job[pid] = job.id
-            tr.pids.add(pid)
             h = self.view.procs[pid]
             lp = h.latest()
             if h.gone_at is not None or lp is None or lp.state in ("Z", "X"):

@@ -62,7 +62,6 @@ class JobTrack:
     # wait for a tick (stopped a moment for a stack capture) is still a waiter, not a suspect
     waiters: set[int] = field(default_factory=set)
     last_seen: float = 0.0
-    pids: set[int] = field(default_factory=set)
 
 
 @dataclass

@@ -578,3 +578,120 @@ def test_a_rank_once_seen_waiting_in_the_hung_collective_is_never_made_a_suspect
     node.run(5)
     assert inc.culprit_ranks == [2], inc.summary
     assert "rank 0 has waited" in inc.summary and "rank 1 has waited" in inc.summary, inc.summary
+
+
+def test_a_gpu_child_of_a_rank_is_a_rank_only_on_a_gpu_of_its_own_with_more_than_a_context():
+    for child_gpu, mem, rank in ((1, 20 * GiB, True), (0, 20 * GiB, False), (1, GiB // 2, False)):
+        node = Node([P(10, 1), P(11, 10, torchrun_env(0, 1), gpu=0), P(12, 11, {}, gpu=child_gpu, gpu_mem=mem,
+                                                                         dist_threads=None)])
+        node.run(2)
+        assert (12 in {p["pid"] for p in node.an.processes() if p.get("rank") is not None}) is rank, (child_gpu, mem)
+    # under a rank that holds no GPU itself (a CPU driver spawning its GPU workers)
+    node = Node([P(10, 1), P(11, 10, torchrun_env(0, 1)), P(12, 11, {}, gpu=1)])
+    node.run(2)
+    assert 12 in {p["pid"] for p in node.an.processes() if p.get("rank") is not None}
+
+
+def test_what_counts_as_more_than_a_context_is_the_analyzer_s_setting():
+    from hangd.analysis.engine import Analyzer
+    from hangd.analysis.signals import Thresholds
+
+    for line, rank in ((1.5 * GiB, True), (4 * GiB, False)):
+        node = Node([P(10, 1), P(11, 10, torchrun_env(0, 1), gpu=0), P(12, 11, {}, gpu=1, gpu_mem=2 * GiB)],
+                    analyzer=Analyzer(Thresholds(started_gpu_mem_bytes=line)))
+        node.run(2)
+        assert (12 in {p["pid"] for p in node.an.processes() if p.get("rank") is not None}) is rank, line
+
+
+def test_a_rank_known_only_by_local_rank_takes_it():
+    node = Node([P(10, 1), P(11, 10, {"LOCAL_RANK": "3", "MASTER_ADDR": "h", "MASTER_PORT": "1"}, gpu=0)])
+    node.run(2)
+    (p,) = node.an.processes()
+    assert p["rank"] == 3
+    (job,) = node.an.job_defs.values()
+    assert job.rank_source[11] == "environment LOCAL_RANK"
+
+
+def test_ranks_are_named_in_rank_order_whatever_their_pids():
+    # pids in the opposite order of the ranks: rank 0 is pid 14, rank 3 is pid 11
+    node = Node([P(10, 1), *(P(14 - r, 10, torchrun_env(r, 4), gpu=r) for r in range(4))])
+    node.run(5)
+    for r in (0, 1):
+        node.stack(14 - r, COLL)
+    for r in (2, 3):
+        node.stack(14 - r, ELSEWHERE)
+    node.run(15)
+    (inc,) = node.an.incidents()
+    assert inc.culprit_ranks == [2, 3] and inc.culprit_pids == [12, 11]
+    assert "rank 2 (pid 12), rank 3 (pid 11) are not in the collective their peers wait in" in inc.summary, inc.summary
+
+
+def _straggling(n_waiting: int) -> Node:
+    """Ranks 0..n_waiting-1 (pids in reverse order) wait in a collective for the last one, which works."""
+    n = n_waiting + 1
+    node = Node([P(10, 1), *(P(20 - r, 10, torchrun_env(r, n), gpu=r, look="work" if r == n - 1 else "spin")
+                             for r in range(n))])
+    node.run(3)
+    for r in range(n_waiting):
+        node.stack(20 - r, COLL)
+    node.tick()
+    return node
+
+
+def test_a_straggler_s_reason_names_its_waiters_in_rank_order_in_good_english():
+    for n_waiting, words in ((1, "rank 0 waits for it in a collective"), (2, "ranks 0, 1 wait for it in a collective")):
+        node = _straggling(n_waiting)
+        node.run(3)
+        got = node.an.tracks[20 - n_waiting].reason
+        assert got.startswith(words), (n_waiting, got)
+
+
+def test_a_rank_reported_dead_or_a_zombie_has_exited_since_then():
+    node = _job(3)
+    node.run(3)
+    node.procs[13].state = "Z"
+    node.run(1)
+    zombie_at = node.an.view.procs[13].zombie_since
+    node.procs[12].state = "X"
+    node.run(1)
+    tr = next(iter(node.an.job_tracks.values()))
+    assert set(tr.exited) == {12, 13} and tr.exited[13] == zombie_at
+
+
+def test_a_process_quiet_from_its_start_is_no_longer_starting_after_the_quiet_time():
+    node = Node([P(10, 1), P(11, 10, torchrun_env(0, 1), gpu=0, start=1000.0)])
+    quiet = node.an.th.startup_quiet_s
+    node.run(quiet - 1)
+    assert not node.an.tracks[11].started
+    node.run(2)
+    assert node.an.tracks[11].started
+    node = Node([P(10, 1), P(11, 10, torchrun_env(0, 1), gpu=0, start=1000.0, state="I", wchan="")])
+    node.run(quiet + 1)
+    assert node.an.tracks[11].started
+
+
+def test_nothing_is_starting_past_the_longest_start_up():
+    node = Node([P(10, 1), P(11, 10, torchrun_env(0, 1), gpu=0, start=1000.0, state="R")])  # running, little CPU
+    th = node.an.th
+    node.run(th.startup_max_s - 1)
+    assert not node.an.tracks[11].started
+    node.run(2)
+    assert node.an.tracks[11].started
+
+
+def test_a_dump_that_arrives_after_its_rank_exited_goes_to_the_rank_s_job():
+    from hangd.flightrec.reader import read_file
+    from hangd.snapshot import FrDump
+
+    from ..conftest import TRACES
+
+    node = _job()
+    node.run(3)
+    (job_id,) = node.an.job_defs
+    node.kill(12)
+    node.run(1)
+    path = str(TRACES / "nccl_stall" / "files" / "nccl_trace_rank_1")
+    snap = Snapshot(t=node.t + 0.25)
+    snap.fr_dumps.append(FrDump(pid=12, rank=1, format="pickle", path=path, dump=read_file(path)))
+    node.an.step(snap)
+    assert 1 in node.an.job_tracks[job_id].fr
