@@ -35,8 +35,10 @@ def collect_status(settings: Settings, seconds: float = 2.0) -> dict[str, Any]:
     an = Analyzer()
     samples = max(2, int(seconds) + 1)
     snap = None
+    first_t: float | None = None
     for i in range(samples):
         snap = node.sample()
+        first_t = snap.t if first_t is None else first_t
         an.step(snap)
         an.take_requests()
         if i < samples - 1:
@@ -52,7 +54,11 @@ def collect_status(settings: Settings, seconds: float = 2.0) -> dict[str, Any]:
         if "nvml" in snap.unavailable:
             st = {**st, "gpu_mem_bytes": None}  # GPUs unseen: their memory is unknown, not 0 B
         cmd = an.cmdline(st["pid"])
-        procs.append({**st, "for_s": round(now - st["since"], 1), "since_iso": iso_field(st["since"]),
+        # a state already there at the first look began before hangd looked: its age is a lower bound
+        # (a process "started 9 s ago" and still starting has not been so for only the 2 s watched)
+        held_before = first_t is not None and st["since"] <= round(first_t, 3)
+        procs.append({**st, "for_s": round(now - st["since"], 1), "for_at_least": held_before,
+                      "since_iso": iso_field(st["since"]),
                       "last_progress_iso": iso_field(st.get("last_progress")),
                       "command": command_line(cmd) if cmd else None,
                       "log_growing": grew is not None and now - grew <= 5.0})
@@ -94,15 +100,17 @@ def render_status(st: dict[str, Any]) -> str:
     if not st["processes"]:
         lines.append("No GPU processes or distributed jobs found.")
         return "\n".join(lines)
-    hdr = f"{'GPU':>4} {'PID':>7} {'JOB':<24} {'RANK':>4} {'STATE':<13} {'FOR':>6} {'GPU-MEM':>9} {'CPU':>5} {'LOG':<4} {'COMMAND':<40} WHY"
+    # job keys are shown whole: one is what /jobs and /incidents are asked about
+    jw = max(24, *(len(str(p["job"])) for p in st["processes"]))
+    hdr = f"{'GPU':>4} {'PID':>7} {'JOB':<{jw}} {'RANK':>4} {'STATE':<13} {'FOR':>6} {'GPU-MEM':>9} {'CPU':>5} {'LOG':<4} {'COMMAND':<40} WHY"
     lines.append(hdr)
     for p in st["processes"]:
         gpu = ",".join(map(str, p.get("gpus") or [])) or "-"
         cpu = f"{p['cpu_cores'] * 100:.0f}%" if p.get("cpu_cores") is not None else "-"
         cmd = str(p.get("command") or "-")
         cmd = cmd if len(cmd) <= 40 else cmd[:39] + "…"
-        lines.append(f"{gpu:>4} {p['pid']:>7} {str(p['job'])[:24]:<24} {p['rank']!s:>4} {p['state']:<13} "
-                     f"{_duration(p['for_s']):>6} {_fmt_bytes(p.get('gpu_mem_bytes')):>9} {cpu:>5} "
+        lines.append(f"{gpu:>4} {p['pid']:>7} {str(p['job']):<{jw}} {p['rank']!s:>4} {p['state']:<13} "
+                     f"{('≥' if p.get('for_at_least') else '') + _duration(p['for_s']):>6} {_fmt_bytes(p.get('gpu_mem_bytes')):>9} {cpu:>5} "
                      f"{'yes' if p['log_growing'] else 'no':<4} {cmd:<40} {p['reason'][:120]}")
     for inc in st.get("incidents") or []:
         lines.append("")

@@ -93,6 +93,11 @@ def test_blind_node_with_a_job_still_reports_it_exits_0_and_shows_its_command(bl
     assert isinstance(proc["since"], float) and proc["since_iso"].startswith(iso_local(proc["since"])[:19])
     row = next(line for line in out.stdout.splitlines() if f" {job.pid} " in line)
     assert "proj/train.py --lr 1" in row and sys.executable not in row
+    # the state was there when status first looked: how long it has held is at least the 2 s watched,
+    # not "2s" next to a reason that says the process started earlier
+    assert proc["for_at_least"] is True
+    assert re.search(r" ≥\d+s ", row), row
+    assert f" {proc['job']} " in row, "the job key is shown whole, as /jobs knows it"
 
 
 def test_watch_on_a_blind_node_says_so_once_then_exits_3(blind_env):
