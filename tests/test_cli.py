@@ -155,6 +155,17 @@ def test_replay_text_shows_local_times_and_the_next_step_under_each_incident():
     assert isinstance(inc["opened_at"], float)
 
 
+def test_replay_text_says_every_finding_in_words():
+    """An NCCL RAS answer is numbers in the JSON; the readable replay says them (it printed
+    "FINDING nccl_ras: " and nothing else)."""
+    out = hangd("replay", str(TRACES.parent / "h200x2-hf" / "worker_died"))
+    assert out.returncode == 1, out.stderr
+    findings = [line for line in out.stdout.splitlines() if " FINDING " in line]
+    assert findings and all(not line.rstrip().endswith(":") for line in findings), findings
+    assert any(line.endswith("FINDING nccl_ras: NCCL RAS: rank 0 (pid 926) launched up to AllReduce #8225; "
+                             "rank 1 (pid 927) launched up to AllReduce #8224; behind: rank 1") for line in findings), findings
+
+
 def test_fr_analyze_exit_statuses(tmp_path):
     found = hangd("fr", "analyze", str(NCCL_DUMPS))
     assert found.returncode == 1 and "MISSING_RANK" in found.stdout
