@@ -196,7 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
         "  hangd replay tests/data/traces/h200x2/nccl_stall\n  hangd replay /tmp/trace --speed 10\n"
         "  hangd replay /tmp/trace --json | jq '.incidents[].summary'"))
     rp.add_argument("dir", metavar="DIR", help="a hangd-trace/1 directory, e.g. tests/data/traces/h200x2/nccl_stall")
-    rp.add_argument("--json", action="store_true", help="states, incidents and findings as one JSON document")
+    rp.add_argument("--json", action="store_true", help="states, incidents and findings as one JSON document, "
+                    "e.g. hangd replay DIR --json | jq '.incidents[].next_step'")
     rp.add_argument("--speed", type=seconds_arg(0, 1e6, lo_open=False), default=0.0, metavar="N",
                     help="N times real time (default: as fast as possible), e.g. --speed 10")
     rp.set_defaults(func=cmd_replay)
@@ -222,7 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Exit 1 when there is a finding, 2 when no dump could be found.",
         "  hangd fr analyze /tmp/fr_rank_0 /tmp/fr_rank_1\n  hangd fr analyze /tmp/dumps --json"))
     fa.add_argument("paths", nargs="+", metavar="PATH", help="dump files or directories, e.g. /tmp/fr_rank_0 or /tmp/dumps")
-    fa.add_argument("--json", action="store_true", help="ranks, groups and findings as one JSON document")
+    fa.add_argument("--json", action="store_true", help="ranks, groups and findings as one JSON document, e.g. hangd fr analyze /tmp/dumps --json")
     fa.set_defaults(func=cmd_fr_analyze)
 
     try:

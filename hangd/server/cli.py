@@ -190,7 +190,8 @@ def add_commands(sub: Any, help_: Callable[[str, str], dict[str, Any]]) -> None:
                     help="with --replay: N times real time (default 1; 0: as fast as possible), e.g. --speed 10")
     sv.add_argument("--token-file", metavar="FILE", help="file holding the API token (or set HANGD_TOKEN), "
                     "e.g. --token-file /etc/hangd/token")
-    sv.add_argument("--log-json", action="store_true", help="structured JSON logs, one object a line")
+    sv.add_argument("--log-json", action="store_true", help="structured JSON logs on stderr, one object a line, "
+                    "e.g. hangd serve --log-json 2>&1 | jq -r .msg")
     sv.set_defaults(func=cmd_serve)
     db = sub.add_parser("db", help="database migrations", **help_(
         "Database migrations (Alembic). `hangd serve` upgrades on start; these are for doing it by hand.",
@@ -202,5 +203,5 @@ def add_commands(sub: Any, help_: Callable[[str, str], dict[str, Any]]) -> None:
             f"  hangd db {name}\n  hangd db {name} {default} --db sqlite:////tmp/h.db --json"))
         p.add_argument("revision", nargs="?", default=default, help=f"Alembic revision (default {default}), e.g. {default}")
         p.add_argument("--db", metavar="URL", help="SQLAlchemy URL, e.g. --db sqlite:////var/lib/hangd/hangd.db")
-        p.add_argument("--json", action="store_true", help="print the result as JSON")
+        p.add_argument("--json", action="store_true", help=f"print the result as JSON, e.g. hangd db {name} --json")
         p.set_defaults(func=cmd_db)
