@@ -208,6 +208,21 @@ def test_record_and_db_speak_json(tmp_path, blind_env):
     assert json.loads(db.stdout) == {"action": "upgrade", "db": f"sqlite:///{tmp_path / 'h.db'}", "revision": "head"}
 
 
+def test_db_downgrade_without_a_revision_is_a_usage_error_and_drops_nothing(tmp_path):
+    """``hangd db downgrade`` typed to see what it does would drop every table (base) if base were the default."""
+    import sqlite3
+
+    url = f"sqlite:///{tmp_path / 'h.db'}"
+    assert hangd("db", "upgrade", "--db", url).returncode == 0
+    out = hangd("db", "downgrade", "--db", url)
+    assert out.returncode == 2 and "revision" in one_line_error(out) and out.stdout == ""
+    with sqlite3.connect(tmp_path / "h.db") as c:
+        assert "incidents" in {r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    back = hangd("db", "downgrade", "-1", "--db", url, "--json")
+    assert back.returncode == 0, back.stderr
+    assert json.loads(back.stdout)["revision"] == "-1"
+
+
 # ------------------------------------------------------------------------------------- help
 
 
