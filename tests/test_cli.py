@@ -294,6 +294,18 @@ def test_readme_excerpts_are_what_the_commands_print(intro, args):
         assert line.split("[...]")[0].rstrip() in out, line
 
 
+def test_readme_shows_output_of_every_command():
+    """A newcomer sees, for each command ``hangd --help`` lists, what it prints: an intro naming
+    the command, then a block of its output."""
+    text = (ROOT / "README.md").read_text()
+    seen = text[text.index("## What you will see"):]
+    seen = seen[: seen.index("\n## ", 5)]
+    top = next(a for a in build_parser()._actions if a.__class__.__name__ == "_SubParsersAction")
+    for name in top.choices:
+        m = re.search(rf"^`hangd {name}\b[^\n]*(?:\n(?!```)[^\n]*)*\n\n```\n(.+?)```", seen, re.M | re.S)
+        assert m and m.group(1).strip(), f"README: no output excerpt for hangd {name}"
+
+
 def test_watch_lines_for_a_replayed_hang_show_times_and_the_next_step():
     import io
 
