@@ -294,6 +294,17 @@ def test_readme_excerpts_are_what_the_commands_print(intro, args):
         assert line.split("[...]")[0].rstrip() in out, line
 
 
+def test_the_operator_guide_incident_is_what_replay_prints():
+    """The guide's "Reading an incident" shows real output: every piece between its "[...]" is printed so."""
+    text = (ROOT / "docs" / "operator-guide.md").read_text()
+    i = text.index("## Reading an incident")
+    start = text.index("```\n2026", i) + 4
+    out = hangd("replay", str(TRACES / "nccl_stall"), env=dict(os.environ, TZ="UTC")).stdout
+    for line in text[start: text.index("```", start)].splitlines():
+        for piece in line.split("[...]"):
+            assert piece.strip() in out, piece
+
+
 def test_readme_shows_output_of_every_command():
     """A newcomer sees, for each command ``hangd --help`` lists, what it prints: an intro naming
     the command, then a block of its output."""
