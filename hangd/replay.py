@@ -47,7 +47,7 @@ def replay_result(an: Analyzer) -> dict[str, Any]:
     incidents = []
     for i in an.incidents():
         d = i.to_dict()
-        d.update({f"{k}_iso": iso_field(d.get(k)) for k in ("opened_at", "updated_at", "resolved_at")})
+        d.update({f"{k}_iso": iso_field(d.get(k)) for k in ("opened_at", "updated_at", "resolved_at", "hang_started_at")})
         incidents.append(d)
     return {
         "states": [{k: v for k, v in c.to_dict().items() if k != "evidence"} for c in an.changes],

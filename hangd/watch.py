@@ -50,7 +50,7 @@ class Watcher:
                         f"{iso_local(c.t)} pid {c.pid} rank {c.rank} job {c.job} -> {c.state}: {c.reason}")
         for inc in incidents:
             d = inc.to_dict()
-            d.update({f"{k}_iso": iso_field(d.get(k)) for k in ("opened_at", "updated_at", "resolved_at")})
+            d.update({f"{k}_iso": iso_field(d.get(k)) for k in ("opened_at", "updated_at", "resolved_at", "hang_started_at")})
             status = "open" if inc.open else "resolved"
             text = (f"{iso_local(inc.updated_at)} INCIDENT #{inc.id} {inc.kind} {status} job {inc.job}: opened "
                     f"{iso_local(inc.opened_at)} ({ago(inc.opened_at, snap.t)}), culprit ranks "

@@ -152,6 +152,7 @@ def test_replay_text_shows_local_times_and_the_next_step_under_each_incident():
     doc = json.loads(hangd("replay", str(TRACES / "nccl_stall"), "--json").stdout)
     inc = doc["incidents"][0]
     assert inc["opened_at_iso"].startswith(iso_local(inc["opened_at"])[:19])
+    assert inc["hang_started_at_iso"].startswith(iso_local(inc["hang_started_at"])[:19])
     assert isinstance(inc["opened_at"], float)
 
 
@@ -338,6 +339,7 @@ def test_watch_lines_for_a_replayed_hang_show_times_and_the_next_step():
             docs = [json.loads(line) for line in text.splitlines()]
             inc = next(d for d in docs if d["type"] == "incident")
             assert isinstance(inc["opened_at"], float) and inc["opened_at_iso"].startswith(iso_local(inc["opened_at"])[:19])
+            assert inc["hang_started_at_iso"].startswith(iso_local(inc["hang_started_at"])[:19])
             assert all("t_iso" in d for d in docs if d["type"] == "state")
             continue
         lines = text.splitlines()
