@@ -58,6 +58,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     st = collect_status(s, seconds=args.seconds)
     if st["gpus_unseen"]:
         _warn(st["gpus_unseen"])
+    if st["daemon"]["error"]:
+        _warn(st["daemon"]["error"] + " (its open incidents are not shown)")
     if args.json:
         _dump(st)
     else:
@@ -166,8 +168,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser, metavar="COMMAND")
 
     st = sub.add_parser("status", help="one look at the node now", **_help(
-        "One look at the node now: every GPU, every GPU process / rank, its state and why, open incidents.\n"
-        "Exit 1 when an incident is open or a job is hung; 3 when no GPU can be seen and no job runs.",
+        "One look at the node now: every GPU, every GPU process / rank, its state and why, and the open\n"
+        "incidents of this node's hangd serve (asked at the listen setting; a look of a few seconds cannot\n"
+        "see a hang itself). Exit 1 when an incident is open or a job is hung; 3 when no GPU can be seen\n"
+        "and no job runs.",
         "  hangd status\n  hangd status --seconds 5\n  hangd status --json | jq '.processes[] | {pid, state}'"))
     st.add_argument("--json", action="store_true", help="one JSON document instead of the table, e.g. hangd status --json")
     st.add_argument("--seconds", type=seconds_arg(0, 3600), default=2.0, metavar="S",

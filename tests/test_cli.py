@@ -23,7 +23,7 @@ from hangd.cli import build_parser
 from hangd.humanize import ago, command_line, iso_local
 
 from .conftest import ROOT, TRACES, hangd_cmd
-from .server.conftest import serve
+from .server.conftest import free_port, serve
 
 ISO = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d"
 NCCL_DUMPS = TRACES / "nccl_stall" / "files"
@@ -36,8 +36,10 @@ def blind_env(tmp_path: Path) -> dict[str, str]:
     lib = tmp_path / "fake-driver"
     lib.mkdir()
     (lib / "libnvidia-ml.so.1").write_text("not a shared library\n")
+    # status asks the node's daemon (the listen setting) for its open incidents: a port nothing
+    # listens on, so a hangd serve on this machine cannot change what these tests see
     return dict(os.environ, LD_LIBRARY_PATH=str(lib), HANGD_JOB_ENV=f"HANGD_TEST_JOB_{uuid.uuid4().hex[:8]}",
-                HANGD_CONFIG=os.devnull)
+                HANGD_CONFIG=os.devnull, HANGD_LISTEN=f"127.0.0.1:{free_port()}")
 
 
 def hangd(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -98,6 +100,32 @@ def test_blind_node_with_a_job_still_reports_it_exits_0_and_shows_its_command(bl
     assert proc["for_at_least"] is True
     assert re.search(r" ≥\d+s ", row), row
     assert f" {proc['job']} " in row, "the job key is shown whole, as /jobs knows it"
+
+
+def test_status_shows_the_open_incidents_of_the_nodes_daemon_and_exits_1(blind_env, tmp_path):
+    """A look of 2 s cannot see a hang (that takes 10 s without progress); hangd serve on the node has
+    watched all along, so status shows its open incidents, and exits 1, as at 3 a.m. it must."""
+    s = serve(tmp_path, "--replay", str(TRACES.parent / "h200x2-live" / "mismatch"), "--speed", "0",
+              env={"HANGD_TOKEN": "status-token"})
+    try:
+        s.wait_for(lambda s: s.get("/incidents", params={"status": "open"},
+                                   headers={"Authorization": "Bearer status-token"}).json()["total"] >= 1, 60, "an open incident")
+        env = {**blind_env, "HANGD_LISTEN": s.url.removeprefix("http://"), "HANGD_TOKEN": "status-token"}
+        out = hangd("status", "--seconds", "1", env=env)
+        doc = json.loads(hangd("status", "--seconds", "1", "--json", env=env).stdout)
+        no_token = hangd("status", "--seconds", "1", env={**env, "HANGD_TOKEN": ""})
+    finally:
+        s.stop()
+    assert out.returncode == 1, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    i = next(n for n, line in enumerate(lines) if line.startswith("INCIDENT #1 collective_mismatch (critical, open)"))
+    assert f"(from hangd serve at {s.url}/incidents/1)" in lines[i + 1]
+    assert lines[i + 2].startswith("    next step: ")
+    assert doc["daemon"]["answered"] is True
+    assert [(x["id"], x["kind"], x["source"]) for x in doc["incidents"]] == [(1, "collective_mismatch", "hangd serve")]
+    # a daemon that refuses status is said, with what to do; status then knows of no incident
+    assert no_token.returncode == 3
+    assert "answered HTTP 401 HINT: set HANGD_TOKEN" in no_token.stderr
 
 
 def test_watch_on_a_blind_node_says_so_once_then_exits_3(blind_env):
