@@ -149,7 +149,12 @@ def cmd_fr_analyze(args: argparse.Namespace) -> int:
         _dump(out)
     else:
         print(text)
-    return exit_status(out)
+    status = exit_status(out)
+    if status == exitcodes.USAGE:  # the report says file by file why; stderr says that it failed
+        unread = len(out.get("skipped") or []) + sum(f.get("kind") == "unreadable" for f in out.get("findings") or [])
+        _warn(f"no flight-recorder dump could be read from {' '.join(args.paths)} "
+              f"({unread} file(s) refused or unreadable: the report on stdout says why)")
+    return status
 
 
 def _help(description: str, examples: str) -> dict[str, Any]:

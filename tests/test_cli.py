@@ -202,6 +202,11 @@ def test_fr_analyze_exit_statuses(tmp_path):
     assert missing.returncode == 2 and "no such file or directory" in one_line_error(missing)
     empty = hangd("fr", "analyze", str(tmp_path))
     assert empty.returncode == 2 and "no flight-recorder dump found" in one_line_error(empty)
+    # files that are there but cannot be read: the report on stdout, and one line on stderr that it failed
+    (tmp_path / "fr_rank_0").write_bytes(b"garbage")
+    unread = hangd("fr", "analyze", str(tmp_path / "fr_rank_0"), "/dev/null")
+    assert unread.returncode == 2 and "UNREADABLE" in unread.stdout
+    assert "no flight-recorder dump could be read" in one_line_error(unread) and "2 file(s)" in unread.stderr
 
 
 @pytest.mark.parametrize("args", [["status", "--bogus"], ["nosuchcommand"], ["status", "--seconds", "0"],
