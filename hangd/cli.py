@@ -58,6 +58,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     st = collect_status(s, seconds=args.seconds)
     if st["gpus_unseen"]:
         _warn(st["gpus_unseen"])
+    for name, why in sorted((st.get("unavailable") or {}).items()):
+        if name != "nvml":
+            _warn(f"source {name} {why}")
     if st["daemon"]["error"]:
         _warn(st["daemon"]["error"] + " (its open incidents are not shown)")
     if args.json:

@@ -159,6 +159,26 @@ def test_serve_on_a_blind_node_warns_once_and_readyz_says_degraded(blind_env, tm
     assert "HINT:" in warnings[0]
 
 
+def test_another_failing_source_is_said_on_stderr_in_watch_and_in_readyz(blind_env, tmp_path):
+    """Not only the GPUs: a node whose /proc hangd cannot list says so everywhere, with its HINT."""
+    env = {**blind_env, "HANGD_PROC_ROOT": str(tmp_path / "no-proc")}
+    st = hangd("status", "--seconds", "1", env=env)
+    assert st.returncode == 3
+    assert "hangd: source proc unavailable: cannot list" in st.stderr and "HINT: is /proc mounted?" in st.stderr
+    w = hangd("watch", "--seconds", "2", "--interval", "0.5", "--json", env=env)
+    assert w.stderr.count("source proc unavailable") == 1, w.stderr  # once, not every tick
+    docs = [json.loads(line) for line in w.stdout.splitlines()]
+    assert [d["source"] for d in docs if d["type"] == "source_unavailable"] == ["proc"]
+    s = serve(tmp_path, "--interval", "0.2", env=env)
+    try:
+        ready = s.wait_for(lambda s: (x := s.get("/readyz").json())["status"] != "not ready" and x, 30, "ready")
+        time.sleep(1)
+    finally:
+        s.stop()
+    assert ready["status"] == "degraded" and "source proc unavailable: cannot list" in ready["detail"], ready
+    assert s.log.read_text().count("source proc unavailable") == 1
+
+
 # ----------------------------------------------------------------------------- exit statuses
 
 
