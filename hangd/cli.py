@@ -58,6 +58,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     st = collect_status(s, seconds=args.seconds)
     if st["gpus_unseen"]:
         _warn(st["gpus_unseen"])
+    for name, why in sorted((st.get("unavailable") or {}).items()):
+        if name != "nvml":
+            _warn(f"source {name} {why}")
+    if st["daemon"]["error"]:
+        _warn(st["daemon"]["error"] + " (its open incidents are not shown)")
     if args.json:
         _dump(st)
     else:
@@ -147,7 +152,12 @@ def cmd_fr_analyze(args: argparse.Namespace) -> int:
         _dump(out)
     else:
         print(text)
-    return exit_status(out)
+    status = exit_status(out)
+    if status == exitcodes.USAGE:  # the report says file by file why; stderr says that it failed
+        unread = len(out.get("skipped") or []) + sum(f.get("kind") == "unreadable" for f in out.get("findings") or [])
+        _warn(f"no flight-recorder dump could be read from {' '.join(args.paths)} "
+              f"({unread} file(s) refused or unreadable: the report on stdout says why)")
+    return status
 
 
 def _help(description: str, examples: str) -> dict[str, Any]:
@@ -166,8 +176,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser, metavar="COMMAND")
 
     st = sub.add_parser("status", help="one look at the node now", **_help(
-        "One look at the node now: every GPU, every GPU process / rank, its state and why, open incidents.\n"
-        "Exit 1 when an incident is open or a job is hung; 3 when no GPU can be seen and no job runs.",
+        "One look at the node now: every GPU, every GPU process / rank, its state and why, and the open\n"
+        "incidents of this node's hangd serve (asked at the listen setting; a look of a few seconds cannot\n"
+        "see a hang itself). Exit 1 when an incident is open or a job is hung; 3 when no GPU can be seen\n"
+        "and no job runs.",
         "  hangd status\n  hangd status --seconds 5\n  hangd status --json | jq '.processes[] | {pid, state}'"))
     st.add_argument("--json", action="store_true", help="one JSON document instead of the table, e.g. hangd status --json")
     st.add_argument("--seconds", type=seconds_arg(0, 3600), default=2.0, metavar="S",
@@ -196,7 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
         "  hangd replay tests/data/traces/h200x2/nccl_stall\n  hangd replay /tmp/trace --speed 10\n"
         "  hangd replay /tmp/trace --json | jq '.incidents[].summary'"))
     rp.add_argument("dir", metavar="DIR", help="a hangd-trace/1 directory, e.g. tests/data/traces/h200x2/nccl_stall")
-    rp.add_argument("--json", action="store_true", help="states, incidents and findings as one JSON document")
+    rp.add_argument("--json", action="store_true", help="states, incidents and findings as one JSON document, "
+                    "e.g. hangd replay DIR --json | jq '.incidents[].next_step'")
     rp.add_argument("--speed", type=seconds_arg(0, 1e6, lo_open=False), default=0.0, metavar="N",
                     help="N times real time (default: as fast as possible), e.g. --speed 10")
     rp.set_defaults(func=cmd_replay)
@@ -222,7 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Exit 1 when there is a finding, 2 when no dump could be found.",
         "  hangd fr analyze /tmp/fr_rank_0 /tmp/fr_rank_1\n  hangd fr analyze /tmp/dumps --json"))
     fa.add_argument("paths", nargs="+", metavar="PATH", help="dump files or directories, e.g. /tmp/fr_rank_0 or /tmp/dumps")
-    fa.add_argument("--json", action="store_true", help="ranks, groups and findings as one JSON document")
+    fa.add_argument("--json", action="store_true", help="ranks, groups and findings as one JSON document, e.g. hangd fr analyze /tmp/dumps --json")
     fa.set_defaults(func=cmd_fr_analyze)
 
     try:

@@ -2,8 +2,10 @@
 command-line flags, ``HANGD_*`` environment variables, a TOML file (``--config``,
 ``HANGD_CONFIG`` or ``/etc/hangd/hangd.toml`` when present), and the defaults here.
 
-Every value is checked when it enters (type, finite, in range), layer by layer, so the one-line
-error names where the bad value came from (``--interval``, ``HANGD_INTERVAL``, the file)."""
+The layering is pydantic-settings': its sources, highest first, are the flags (init values), the
+environment (``HANGD_`` + the field's name) and the TOML file; pydantic checks every value that
+takes effect (type, finite, in range), and the one-line error names where the bad value came from
+(``--interval``, ``HANGD_INTERVAL``, the file)."""
 
 from __future__ import annotations
 
@@ -12,17 +14,19 @@ import math
 import os
 import stat
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    TypeAdapter,
-    ValidationError,
+from pydantic import AfterValidator, BeforeValidator, Field, ValidationError
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
 )
 
 from hangd.redact import redact_url, url_password
@@ -104,8 +108,59 @@ def _token(v: str | None) -> str | None:
 LogLevel = Annotated[Literal["debug", "info", "warning", "error", "critical"], BeforeValidator(_lower)]
 
 
-class Settings(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_default=False)
+@dataclass(frozen=True)
+class _Layers:
+    """What ``load_settings`` read for the sources below the flags: the environment and the TOML file."""
+
+    env: Mapping[str, str]
+    file: dict[str, Any]
+    file_path: str | None
+
+
+# set by load_settings while it builds Settings; unset, Settings(...) takes only what it is given
+_LAYERS: ContextVar[_Layers | None] = ContextVar("hangd_settings_layers", default=None)
+
+
+class _Environment(EnvSettingsSource):
+    """pydantic-settings' environment source over the mapping load_settings was given (the
+    process's environment, or a test's), the way its own .env source swaps the mapping."""
+
+    def __init__(self, settings_cls: type[BaseSettings], env: Mapping[str, str]) -> None:
+        self._given = env
+        super().__init__(settings_cls)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        # only HANGD_ names, keyed as the source looks them up (lower case); an empty value (VAR= in
+        # an env file) is unset
+        return {k.lower(): v for k, v in self._given.items() if k.startswith("HANGD_") and v != ""}
+
+
+class _TomlFile(PydanticBaseSettingsSource):
+    """The settings file, already read (a FIFO or an oversized file never reaches here)."""
+
+    def __init__(self, settings_cls: type[BaseSettings], data: dict[str, Any]) -> None:
+        super().__init__(settings_cls)
+        self._data = data
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return self._data.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(self._data)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(extra="forbid", validate_default=False, env_prefix="HANGD_",
+                                      env_ignore_empty=True)
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource) -> tuple[PydanticBaseSettingsSource, ...]:
+        layers = _LAYERS.get()
+        if layers is None:  # Settings(...) in code and tests: exactly what it is given, nothing from the host
+            return (init_settings,)
+        return (init_settings, _Environment(settings_cls, layers.env), _TomlFile(settings_cls, layers.file))
 
     listen: str = f"127.0.0.1:{DEFAULT_PORT}"
     db: Annotated[str, Field(min_length=1, max_length=4096)] = Field(default_factory=default_db_url)
@@ -113,7 +168,7 @@ class Settings(BaseModel):
     token: Annotated[str | None, AfterValidator(_token)] = None
     token_file: str | None = None
     proc_root: Annotated[str, Field(min_length=1)] = "/proc"
-    job_env: Annotated[list[str], BeforeValidator(_split)] = Field(default_factory=lambda: ["MASTER_ADDR", "TORCHELASTIC_RUN_ID"])
+    job_env: Annotated[list[str], NoDecode, BeforeValidator(_split)] = Field(default_factory=lambda: ["MASTER_ADDR", "TORCHELASTIC_RUN_ID"])
     nvml: bool = True
     stacks: bool = True
     pyspy_timeout: Annotated[float, _seconds(0.1, 600)] = 5.0
@@ -160,36 +215,39 @@ class Settings(BaseModel):
 
 
 SECRET_FIELDS = ("token", "db")  # a URL may carry a password: never echo these in an error
-_ADAPTERS: dict[str, TypeAdapter[Any]] = {}
 
 
-def _adapter(name: str) -> TypeAdapter[Any]:
-    if name not in _ADAPTERS:
-        f = Settings.model_fields[name]
-        typ: Any = Annotated[(f.annotation, *f.metadata)] if f.metadata else f.annotation
-        _ADAPTERS[name] = TypeAdapter(typ)
-    return _ADAPTERS[name]
+def _where(name: str, flags: Mapping[str, Any], env: Mapping[str, str], file_path: str | None) -> str:
+    """The layer a field's value came from: the highest one that has it (the flags, the
+    environment, the file), as an operator would look for it."""
+    if flags.get(name) is not None:
+        return f"--{name.replace('_', '-')}"
+    if env.get(f"HANGD_{name.upper()}"):
+        return f"HANGD_{name.upper()}"
+    return f"config file {file_path}: {name}" if file_path else name
 
 
-def _check(source: str, name: str, value: Any) -> Any:
-    """One value of one layer, validated as the field wants it; a ConfigError names the source."""
-    try:
-        v = _adapter(name).validate_python(value)
-    except ValidationError as e:
-        err = e.errors()[0]
-        msg = str(err.get("msg", "invalid")).replace("\n", " ").removeprefix("Value error, ")
-        shown = "(value not shown)" if name in SECRET_FIELDS else repr(value)
-        raise ConfigError(f"{source}: {shown[:80]}{'...' if len(shown) > 80 else ''}: {msg}") from None
-    return v
+def _one_line(e: ValidationError, flags: Mapping[str, Any], env: Mapping[str, str], file_path: str | None) -> ConfigError:
+    err = e.errors()[0]
+    loc = err.get("loc") or ("?",)
+    name = str(loc[0])
+    msg = str(err.get("msg", "invalid")).replace("\n", " ").removeprefix("Value error, ")
+    shown = "(value not shown)" if name in SECRET_FIELDS else repr(err.get("input"))
+    return ConfigError(f"{_where(name, flags, env, file_path)}: {shown[:80]}{'...' if len(shown) > 80 else ''}: {msg}")
 
 
-def load_settings(flags: dict[str, Any] | None = None, env: dict[str, str] | None = None,
+def load_settings(flags: dict[str, Any] | None = None, env: Mapping[str, str] | None = None,
                   config_path: str | None = None) -> Settings:
     """Build the settings; raises ConfigError with a one-line reason."""
     env = dict(os.environ) if env is None else env
     fields = Settings.model_fields
-    values: dict[str, Any] = {}
+    flags = {k: v for k, v in (flags or {}).items() if v is not None}
+    for k in flags:
+        if k not in fields:
+            raise ConfigError(f"unknown setting {k!r}")
+    data: dict[str, Any] = {}
     path = config_path or env.get("HANGD_CONFIG")
+    p: str | None = None
     if path or os.path.exists(DEFAULT_CONFIG):
         p = path or DEFAULT_CONFIG
         raw = read_small_file(p, "config file")
@@ -199,25 +257,16 @@ def load_settings(flags: dict[str, Any] | None = None, env: dict[str, str] | Non
             raise ConfigError(f"config file {p}: not UTF-8 text (byte {e.start})") from e
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"config file {p}: not valid TOML: {e}") from e
-        for k, v in data.items():
+        for k in data:
             if k not in fields:
                 raise ConfigError(f"config file {p}: unknown setting {k!r}")
-            values[k] = _check(f"config file {p}: {k}", k, v)
-    for k in fields:
-        ev = env.get(f"HANGD_{k.upper()}")
-        if ev is not None and ev != "":  # an empty variable (VAR= in an env file) is unset
-            values[k] = _check(f"HANGD_{k.upper()}", k, ev)
-    for k, v in (flags or {}).items():
-        if v is None:
-            continue
-        if k not in fields:
-            raise ConfigError(f"unknown setting {k!r}")
-        values[k] = _check(f"--{k.replace('_', '-')}", k, v)
+    token = _LAYERS.set(_Layers(env=env, file=data, file_path=p))
     try:
-        s = Settings.model_validate(values)
-    except ValidationError as e:  # the layers passed one by one; this is only a safety net
-        err = e.errors()[0]
-        raise ConfigError(f"{'.'.join(str(x) for x in err.get('loc', ()))}: {err.get('msg')}") from None
+        s = Settings(**flags)
+    except ValidationError as e:
+        raise _one_line(e, flags, env, p) from None
+    finally:
+        _LAYERS.reset(token)
     s.host_port()
     check_db_url(s.db)
     return s

@@ -47,13 +47,33 @@ def replay_result(an: Analyzer) -> dict[str, Any]:
     incidents = []
     for i in an.incidents():
         d = i.to_dict()
-        d.update({f"{k}_iso": iso_field(d.get(k)) for k in ("opened_at", "updated_at", "resolved_at")})
+        d.update({f"{k}_iso": iso_field(d.get(k)) for k in ("opened_at", "updated_at", "resolved_at", "hang_started_at")})
         incidents.append(d)
     return {
         "states": [{k: v for k, v in c.to_dict().items() if k != "evidence"} for c in an.changes],
         "incidents": incidents,
         "findings": list(an.findings),
     }
+
+
+def describe_finding(f: dict[str, Any]) -> str:
+    """A finding in words. Flight-recorder findings carry their sentence; an NCCL RAS answer is
+    numbers, said here: which rank launched how many operations, and who is behind."""
+    if f.get("message"):
+        return str(f["message"])
+    if f.get("kind") == "nccl_ras":
+        launched = sorted(f.get("launched") or [], key=lambda x: x["rank"])
+        op = f.get("op") or "operation"
+        text = "NCCL RAS: " + ("; ".join(f"rank {x['rank']} (pid {x['pid']}) launched up to {op} #{x['op']}"
+                                          for x in launched) or "no rank reported what it launched")
+        behind = f.get("behind") or []
+        if behind:
+            text += "; behind: " + ", ".join(f"rank {x['rank']}" for x in behind)
+        missing = f.get("missing") or []
+        if missing:
+            text += "; no data from " + ", ".join(f"{x['ranks']} rank(s) of pid {x['pid']}" for x in missing)
+        return text
+    return ", ".join(f"{k}={v}" for k, v in f.items() if k not in ("t", "kind", "source")) or "-"
 
 
 def render_replay(res: dict[str, Any], info: dict[str, Any], path: str) -> str:
@@ -74,7 +94,7 @@ def render_replay(res: dict[str, Any], info: dict[str, Any], path: str) -> str:
             events.append((inc["resolved_at"], f"INCIDENT #{inc['id']} resolved after "
                            f"{inc['resolved_at'] - inc['opened_at']:.0f} s: {inc['timeline'][-1].get('note', '')}"))
     for f in res["findings"]:
-        events.append((f["t"], f"FINDING {f['kind']}: {f.get('message', '')}"))
+        events.append((f["t"], f"FINDING {f['kind']}: {describe_finding(f)}"))
     for t, text in sorted(events, key=lambda e: e[0]):
         lines.append(f"{iso_local(t)} {t - t0:+8.1f}s  {text}")
     if not res["incidents"] and not res["findings"]:

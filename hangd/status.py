@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.error
+import urllib.request
 from typing import Any
 
 from hangd.analysis.engine import Analyzer
-from hangd.config import Settings
+from hangd.config import ConfigError, Settings
 from hangd.humanize import ago, command_line, gpus_unseen, iso_field, iso_local
 from hangd.sources.live import LiveNode
 
@@ -30,13 +33,54 @@ def _duration(s: float) -> str:
     return f"{s // 3600}h{(s % 3600) // 60:02d}m"
 
 
+def daemon_incidents(settings: Settings, timeout: float = 2.0) -> dict[str, Any]:
+    """The incidents open in this node's own daemon (``hangd serve`` at the ``listen`` setting).
+
+    A one-shot look of a few seconds cannot see a hang (that takes 10 s and more without progress);
+    the daemon has watched the jobs all along. Returns ``{"url", "answered", "error", "incidents"}``:
+    no daemon listening is not an error (``answered`` false, ``error`` None)."""
+    host, port = settings.host_port()
+    host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
+    base = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    out: dict[str, Any] = {"url": base, "answered": False, "error": None, "incidents": []}
+    req = urllib.request.Request(base + "/incidents?status=open&limit=100")
+    try:
+        token = settings.resolved_token()
+    except ConfigError as e:
+        token = None
+        out["error"] = f"no token to ask it with: {e}"
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310 - the node's own daemon
+            doc = json.loads(r.read(8 << 20))
+    except urllib.error.HTTPError as e:
+        hint = " HINT: set HANGD_TOKEN or token_file as hangd serve has it" if e.code == 401 else ""
+        out["error"] = f"hangd serve at {base} answered HTTP {e.code}{hint}"
+        return out
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", e)
+        if isinstance(reason, ConnectionRefusedError):
+            return out  # no daemon on this node: nothing to add
+        out["error"] = f"hangd serve at {base} did not answer: {reason}"
+        return out
+    except ValueError as e:
+        out["error"] = f"hangd serve at {base} answered something that is not its JSON: {e}"
+        return out
+    out["answered"] = True
+    out["incidents"] = [{**i, "source": "hangd serve"} for i in doc.get("incidents") or []]
+    return out
+
+
 def collect_status(settings: Settings, seconds: float = 2.0) -> dict[str, Any]:
     node = LiveNode(settings)
     an = Analyzer()
     samples = max(2, int(seconds) + 1)
     snap = None
+    first_t: float | None = None
     for i in range(samples):
         snap = node.sample()
+        first_t = snap.t if first_t is None else first_t
         an.step(snap)
         an.take_requests()
         if i < samples - 1:
@@ -52,13 +96,24 @@ def collect_status(settings: Settings, seconds: float = 2.0) -> dict[str, Any]:
         if "nvml" in snap.unavailable:
             st = {**st, "gpu_mem_bytes": None}  # GPUs unseen: their memory is unknown, not 0 B
         cmd = an.cmdline(st["pid"])
-        procs.append({**st, "for_s": round(now - st["since"], 1), "since_iso": iso_field(st["since"]),
+        # a state already there at the first look began before hangd looked: its age is a lower bound
+        # (a process "started 9 s ago" and still starting has not been so for only the 2 s watched)
+        held_before = first_t is not None and st["since"] <= round(first_t, 3)
+        procs.append({**st, "for_s": round(now - st["since"], 1), "for_at_least": held_before,
+                      "since_iso": iso_field(st["since"]),
                       "last_progress_iso": iso_field(st.get("last_progress")),
                       "command": command_line(cmd) if cmd else None,
                       "log_growing": grew is not None and now - grew <= 5.0})
+    daemon = daemon_incidents(settings)
+    incidents = list(daemon.pop("incidents"))
+    known = {(i["job"], i["kind"]) for i in incidents}
+    for own in an.incidents(open_only=True):  # this look's own, unless the daemon already has it
+        if (own.job, own.kind) not in known:
+            d = {k: v for k, v in own.to_dict().items() if k != "evidence"}
+            d.update({f"{k}_iso": iso_field(d.get(k)) for k in ("opened_at", "updated_at", "resolved_at", "hang_started_at")})
+            incidents.append({**d, "source": "this look"})
     return {"t": now, "t_iso": iso_field(now), "gpus": gpus, "gpus_unseen": gpus_unseen(snap.unavailable),
-            "processes": procs, "jobs": an.jobs(),
-            "incidents": [{k: v for k, v in i.to_dict().items() if k != "evidence"} for i in an.incidents(open_only=True)],
+            "processes": procs, "jobs": an.jobs(), "incidents": incidents, "daemon": daemon,
             "unavailable": snap.unavailable}
 
 
@@ -69,7 +124,7 @@ def status_found(st: dict[str, Any]) -> bool:
 
 def nothing_to_watch(st: dict[str, Any]) -> bool:
     """No GPU can be seen and /proc shows no distributed job either: hangd is blind here."""
-    return st.get("gpus_unseen") is not None and not st["processes"] and not st.get("jobs")
+    return st.get("gpus_unseen") is not None and not st["processes"] and not st.get("jobs") and not st.get("incidents")
 
 
 def render_status(st: dict[str, Any]) -> str:
@@ -93,21 +148,33 @@ def render_status(st: dict[str, Any]) -> str:
         lines.append("")
     if not st["processes"]:
         lines.append("No GPU processes or distributed jobs found.")
+        lines.extend(_render_incidents(st))
         return "\n".join(lines)
-    hdr = f"{'GPU':>4} {'PID':>7} {'JOB':<24} {'RANK':>4} {'STATE':<13} {'FOR':>6} {'GPU-MEM':>9} {'CPU':>5} {'LOG':<4} {'COMMAND':<40} WHY"
+    # job keys are shown whole: one is what /jobs and /incidents are asked about
+    jw = max(24, *(len(str(p["job"])) for p in st["processes"]))
+    hdr = f"{'GPU':>4} {'PID':>7} {'JOB':<{jw}} {'RANK':>4} {'STATE':<13} {'FOR':>6} {'GPU-MEM':>9} {'CPU':>5} {'LOG':<4} {'COMMAND':<40} WHY"
     lines.append(hdr)
     for p in st["processes"]:
         gpu = ",".join(map(str, p.get("gpus") or [])) or "-"
         cpu = f"{p['cpu_cores'] * 100:.0f}%" if p.get("cpu_cores") is not None else "-"
         cmd = str(p.get("command") or "-")
         cmd = cmd if len(cmd) <= 40 else cmd[:39] + "…"
-        lines.append(f"{gpu:>4} {p['pid']:>7} {str(p['job'])[:24]:<24} {p['rank']!s:>4} {p['state']:<13} "
-                     f"{_duration(p['for_s']):>6} {_fmt_bytes(p.get('gpu_mem_bytes')):>9} {cpu:>5} "
+        lines.append(f"{gpu:>4} {p['pid']:>7} {str(p['job']):<{jw}} {p['rank']!s:>4} {p['state']:<13} "
+                     f"{('≥' if p.get('for_at_least') else '') + _duration(p['for_s']):>6} {_fmt_bytes(p.get('gpu_mem_bytes')):>9} {cpu:>5} "
                      f"{'yes' if p['log_growing'] else 'no':<4} {cmd:<40} {p['reason'][:120]}")
-    for inc in st.get("incidents") or []:
-        lines.append("")
-        lines.extend(render_incident(inc, st["t"]))
+    lines.extend(_render_incidents(st))
     return "\n".join(lines)
+
+
+def _render_incidents(st: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    daemon = st.get("daemon") or {}
+    for inc in st.get("incidents") or []:
+        out.append("")
+        if inc.get("source") == "hangd serve":
+            inc = {**inc, "summary": f"{inc.get('summary', '')} (from hangd serve at {daemon.get('url')}/incidents/{inc['id']})"}
+        out.extend(render_incident(inc, st["t"]))
+    return out
 
 
 def render_incident(inc: dict[str, Any], now: float) -> list[str]:

@@ -25,6 +25,7 @@ class Watcher:
         self.started = False
         self.blind = False  # GPUs could not be seen on some tick
         self.seen_any = False  # some GPU process or distributed job showed up
+        self.said: set[tuple[str, str]] = set()  # (source, why) already said
 
     def _print(self, doc: dict[str, Any], text: str) -> None:
         print(json.dumps(doc, default=str) if self.json else text, file=self.out, flush=True)
@@ -40,6 +41,13 @@ class Watcher:
                 self._print({"type": "gpus_seen", "t": snap.t, "t_iso": iso_field(snap.t), "gpus": len(snap.gpus)},
                             f"{iso_local(snap.t)} GPUs can be seen again ({len(snap.gpus)})")
             self.unseen = unseen
+        for name, why in sorted(snap.unavailable.items()):
+            # the other sources: each reason said once (a capture source fails only on the ticks it is asked)
+            if name != "nvml" and (name, why) not in self.said:
+                self.said.add((name, why))
+                self.warn(f"source {name} {why}")
+                self._print({"type": "source_unavailable", "t": snap.t, "t_iso": iso_field(snap.t), "source": name,
+                             "why": why}, f"{iso_local(snap.t)} source {name} {why}")
         self.started = True
         self.blind = self.blind or unseen is not None
         self.seen_any = self.seen_any or bool(changes) or bool(snap.procs)
@@ -50,7 +58,7 @@ class Watcher:
                         f"{iso_local(c.t)} pid {c.pid} rank {c.rank} job {c.job} -> {c.state}: {c.reason}")
         for inc in incidents:
             d = inc.to_dict()
-            d.update({f"{k}_iso": iso_field(d.get(k)) for k in ("opened_at", "updated_at", "resolved_at")})
+            d.update({f"{k}_iso": iso_field(d.get(k)) for k in ("opened_at", "updated_at", "resolved_at", "hang_started_at")})
             status = "open" if inc.open else "resolved"
             text = (f"{iso_local(inc.updated_at)} INCIDENT #{inc.id} {inc.kind} {status} job {inc.job}: opened "
                     f"{iso_local(inc.opened_at)} ({ago(inc.opened_at, snap.t)}), culprit ranks "

@@ -23,7 +23,7 @@ from hangd.cli import build_parser
 from hangd.humanize import ago, command_line, iso_local
 
 from .conftest import ROOT, TRACES, hangd_cmd
-from .server.conftest import serve
+from .server.conftest import free_port, serve
 
 ISO = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d"
 NCCL_DUMPS = TRACES / "nccl_stall" / "files"
@@ -36,8 +36,10 @@ def blind_env(tmp_path: Path) -> dict[str, str]:
     lib = tmp_path / "fake-driver"
     lib.mkdir()
     (lib / "libnvidia-ml.so.1").write_text("not a shared library\n")
+    # status asks the node's daemon (the listen setting) for its open incidents: a port nothing
+    # listens on, so a hangd serve on this machine cannot change what these tests see
     return dict(os.environ, LD_LIBRARY_PATH=str(lib), HANGD_JOB_ENV=f"HANGD_TEST_JOB_{uuid.uuid4().hex[:8]}",
-                HANGD_CONFIG=os.devnull)
+                HANGD_CONFIG=os.devnull, HANGD_LISTEN=f"127.0.0.1:{free_port()}")
 
 
 def hangd(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -93,6 +95,37 @@ def test_blind_node_with_a_job_still_reports_it_exits_0_and_shows_its_command(bl
     assert isinstance(proc["since"], float) and proc["since_iso"].startswith(iso_local(proc["since"])[:19])
     row = next(line for line in out.stdout.splitlines() if f" {job.pid} " in line)
     assert "proj/train.py --lr 1" in row and sys.executable not in row
+    # the state was there when status first looked: how long it has held is at least the 2 s watched,
+    # not "2s" next to a reason that says the process started earlier
+    assert proc["for_at_least"] is True
+    assert re.search(r" ≥\d+s ", row), row
+    assert f" {proc['job']} " in row, "the job key is shown whole, as /jobs knows it"
+
+
+def test_status_shows_the_open_incidents_of_the_nodes_daemon_and_exits_1(blind_env, tmp_path):
+    """A look of 2 s cannot see a hang (that takes 10 s without progress); hangd serve on the node has
+    watched all along, so status shows its open incidents, and exits 1, as at 3 a.m. it must."""
+    s = serve(tmp_path, "--replay", str(TRACES.parent / "h200x2-live" / "mismatch"), "--speed", "0",
+              env={"HANGD_TOKEN": "status-token"})
+    try:
+        s.wait_for(lambda s: s.get("/incidents", params={"status": "open"},
+                                   headers={"Authorization": "Bearer status-token"}).json()["total"] >= 1, 60, "an open incident")
+        env = {**blind_env, "HANGD_LISTEN": s.url.removeprefix("http://"), "HANGD_TOKEN": "status-token"}
+        out = hangd("status", "--seconds", "1", env=env)
+        doc = json.loads(hangd("status", "--seconds", "1", "--json", env=env).stdout)
+        no_token = hangd("status", "--seconds", "1", env={**env, "HANGD_TOKEN": ""})
+    finally:
+        s.stop()
+    assert out.returncode == 1, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    i = next(n for n, line in enumerate(lines) if line.startswith("INCIDENT #1 collective_mismatch (critical, open)"))
+    assert f"(from hangd serve at {s.url}/incidents/1)" in lines[i + 1]
+    assert lines[i + 2].startswith("    next step: ")
+    assert doc["daemon"]["answered"] is True
+    assert [(x["id"], x["kind"], x["source"]) for x in doc["incidents"]] == [(1, "collective_mismatch", "hangd serve")]
+    # a daemon that refuses status is said, with what to do; status then knows of no incident
+    assert no_token.returncode == 3
+    assert "answered HTTP 401 HINT: set HANGD_TOKEN" in no_token.stderr
 
 
 def test_watch_on_a_blind_node_says_so_once_then_exits_3(blind_env):
@@ -126,6 +159,26 @@ def test_serve_on_a_blind_node_warns_once_and_readyz_says_degraded(blind_env, tm
     assert "HINT:" in warnings[0]
 
 
+def test_another_failing_source_is_said_on_stderr_in_watch_and_in_readyz(blind_env, tmp_path):
+    """Not only the GPUs: a node whose /proc hangd cannot list says so everywhere, with its HINT."""
+    env = {**blind_env, "HANGD_PROC_ROOT": str(tmp_path / "no-proc")}
+    st = hangd("status", "--seconds", "1", env=env)
+    assert st.returncode == 3
+    assert "hangd: source proc unavailable: cannot list" in st.stderr and "HINT: is /proc mounted?" in st.stderr
+    w = hangd("watch", "--seconds", "2", "--interval", "0.5", "--json", env=env)
+    assert w.stderr.count("source proc unavailable") == 1, w.stderr  # once, not every tick
+    docs = [json.loads(line) for line in w.stdout.splitlines()]
+    assert [d["source"] for d in docs if d["type"] == "source_unavailable"] == ["proc"]
+    s = serve(tmp_path, "--interval", "0.2", env=env)
+    try:
+        ready = s.wait_for(lambda s: (x := s.get("/readyz").json())["status"] != "not ready" and x, 30, "ready")
+        time.sleep(1)
+    finally:
+        s.stop()
+    assert ready["status"] == "degraded" and "source proc unavailable: cannot list" in ready["detail"], ready
+    assert s.log.read_text().count("source proc unavailable") == 1
+
+
 # ----------------------------------------------------------------------------- exit statuses
 
 
@@ -147,7 +200,19 @@ def test_replay_text_shows_local_times_and_the_next_step_under_each_incident():
     doc = json.loads(hangd("replay", str(TRACES / "nccl_stall"), "--json").stdout)
     inc = doc["incidents"][0]
     assert inc["opened_at_iso"].startswith(iso_local(inc["opened_at"])[:19])
+    assert inc["hang_started_at_iso"].startswith(iso_local(inc["hang_started_at"])[:19])
     assert isinstance(inc["opened_at"], float)
+
+
+def test_replay_text_says_every_finding_in_words():
+    """An NCCL RAS answer is numbers in the JSON; the readable replay says them (it printed
+    "FINDING nccl_ras: " and nothing else)."""
+    out = hangd("replay", str(TRACES.parent / "h200x2-hf" / "worker_died"))
+    assert out.returncode == 1, out.stderr
+    findings = [line for line in out.stdout.splitlines() if " FINDING " in line]
+    assert findings and all(not line.rstrip().endswith(":") for line in findings), findings
+    assert any(line.endswith("FINDING nccl_ras: NCCL RAS: rank 0 (pid 926) launched up to AllReduce #8225; "
+                             "rank 1 (pid 927) launched up to AllReduce #8224; behind: rank 1") for line in findings), findings
 
 
 def test_fr_analyze_exit_statuses(tmp_path):
@@ -157,6 +222,11 @@ def test_fr_analyze_exit_statuses(tmp_path):
     assert missing.returncode == 2 and "no such file or directory" in one_line_error(missing)
     empty = hangd("fr", "analyze", str(tmp_path))
     assert empty.returncode == 2 and "no flight-recorder dump found" in one_line_error(empty)
+    # files that are there but cannot be read: the report on stdout, and one line on stderr that it failed
+    (tmp_path / "fr_rank_0").write_bytes(b"garbage")
+    unread = hangd("fr", "analyze", str(tmp_path / "fr_rank_0"), "/dev/null")
+    assert unread.returncode == 2 and "UNREADABLE" in unread.stdout
+    assert "no flight-recorder dump could be read" in one_line_error(unread) and "2 file(s)" in unread.stderr
 
 
 @pytest.mark.parametrize("args", [["status", "--bogus"], ["nosuchcommand"], ["status", "--seconds", "0"],
@@ -192,6 +262,21 @@ def test_record_and_db_speak_json(tmp_path, blind_env):
     assert json.loads(db.stdout) == {"action": "upgrade", "db": f"sqlite:///{tmp_path / 'h.db'}", "revision": "head"}
 
 
+def test_db_downgrade_without_a_revision_is_a_usage_error_and_drops_nothing(tmp_path):
+    """``hangd db downgrade`` typed to see what it does would drop every table (base) if base were the default."""
+    import sqlite3
+
+    url = f"sqlite:///{tmp_path / 'h.db'}"
+    assert hangd("db", "upgrade", "--db", url).returncode == 0
+    out = hangd("db", "downgrade", "--db", url)
+    assert out.returncode == 2 and "revision" in one_line_error(out) and out.stdout == ""
+    with sqlite3.connect(tmp_path / "h.db") as c:
+        assert "incidents" in {r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    back = hangd("db", "downgrade", "-1", "--db", url, "--json")
+    assert back.returncode == 0, back.stderr
+    assert json.loads(back.stdout)["revision"] == "-1"
+
+
 # ------------------------------------------------------------------------------------- help
 
 
@@ -214,7 +299,7 @@ def test_every_command_has_examples_and_exit_codes_and_every_option_a_help_with_
         for a in sp._actions:
             if a.option_strings and a.dest not in ("help", "version"):
                 assert a.help, f"{name} {a.option_strings}: no help"
-                assert "e.g." in a.help or a.nargs == 0, f"{name} {a.option_strings}: no example in {a.help!r}"
+                assert "e.g." in a.help, f"{name} {a.option_strings}: no example in {a.help!r}"
     out = hangd("status", "--help")
     assert out.returncode == 0 and "hangd status --json" in out.stdout
 
@@ -263,6 +348,29 @@ def test_readme_excerpts_are_what_the_commands_print(intro, args):
         assert line.split("[...]")[0].rstrip() in out, line
 
 
+def test_the_operator_guide_incident_is_what_replay_prints():
+    """The guide's "Reading an incident" shows real output: every piece between its "[...]" is printed so."""
+    text = (ROOT / "docs" / "operator-guide.md").read_text()
+    i = text.index("## Reading an incident")
+    start = text.index("```\n2026", i) + 4
+    out = hangd("replay", str(TRACES / "nccl_stall"), env=dict(os.environ, TZ="UTC")).stdout
+    for line in text[start: text.index("```", start)].splitlines():
+        for piece in line.split("[...]"):
+            assert piece.strip() in out, piece
+
+
+def test_readme_shows_output_of_every_command():
+    """A newcomer sees, for each command ``hangd --help`` lists, what it prints: an intro naming
+    the command, then a block of its output."""
+    text = (ROOT / "README.md").read_text()
+    seen = text[text.index("## What you will see"):]
+    seen = seen[: seen.index("\n## ", 5)]
+    top = next(a for a in build_parser()._actions if a.__class__.__name__ == "_SubParsersAction")
+    for name in top.choices:
+        m = re.search(rf"^`hangd {name}\b[^\n]*(?:\n(?!```)[^\n]*)*\n\n```\n(.+?)```", seen, re.M | re.S)
+        assert m and m.group(1).strip(), f"README: no output excerpt for hangd {name}"
+
+
 def test_watch_lines_for_a_replayed_hang_show_times_and_the_next_step():
     import io
 
@@ -284,6 +392,7 @@ def test_watch_lines_for_a_replayed_hang_show_times_and_the_next_step():
             docs = [json.loads(line) for line in text.splitlines()]
             inc = next(d for d in docs if d["type"] == "incident")
             assert isinstance(inc["opened_at"], float) and inc["opened_at_iso"].startswith(iso_local(inc["opened_at"])[:19])
+            assert inc["hang_started_at_iso"].startswith(iso_local(inc["hang_started_at"])[:19])
             assert all("t_iso" in d for d in docs if d["type"] == "state")
             continue
         lines = text.splitlines()

@@ -135,3 +135,23 @@ def test_serve_refuses_bad_environment_in_one_line(tmp_path, env):
     assert out.returncode == 2, out.stderr
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert next(iter(env)) in out.stderr
+
+
+def test_layering_is_pydantic_settings_flags_then_environment_then_file(tmp_path, monkeypatch):
+    from pydantic_settings import BaseSettings
+
+    from hangd.config import Settings
+
+    assert issubclass(Settings, BaseSettings)  # the library layers; hangd only reads the file safely
+    cfg = tmp_path / "hangd.toml"
+    cfg.write_text('job_env = ["FROM_FILE"]\nnvml = false\ninterval = 2\n')
+    s = load_settings(flags={}, env={"HANGD_JOB_ENV": "A, B", "HANGD_INTERVAL": ""}, config_path=str(cfg))
+    assert s.job_env == ["A", "B"]  # a comma list in the environment, not JSON
+    assert s.nvml is False and s.interval == 2.0  # from the file; an empty variable is unset
+    # a value is named by the layer it came from
+    with pytest.raises(ConfigError, match=r"^config file .*hangd.toml: interval: 'x': "):
+        cfg.write_text('interval = "x"\n')
+        load_settings(flags={}, env={}, config_path=str(cfg))
+    # Settings(...) in code is exactly what it is given: the host's variables are load_settings' business
+    monkeypatch.setenv("HANGD_INTERVAL", "7")
+    assert Settings().interval == 1.0 and load_settings(flags={}, config_path=os.devnull).interval == 7.0

@@ -190,17 +190,24 @@ def add_commands(sub: Any, help_: Callable[[str, str], dict[str, Any]]) -> None:
                     help="with --replay: N times real time (default 1; 0: as fast as possible), e.g. --speed 10")
     sv.add_argument("--token-file", metavar="FILE", help="file holding the API token (or set HANGD_TOKEN), "
                     "e.g. --token-file /etc/hangd/token")
-    sv.add_argument("--log-json", action="store_true", help="structured JSON logs, one object a line")
+    sv.add_argument("--log-json", action="store_true", help="structured JSON logs on stderr, one object a line, "
+                    "e.g. hangd serve --log-json 2>&1 | jq -r .msg")
     sv.set_defaults(func=cmd_serve)
     db = sub.add_parser("db", help="database migrations", **help_(
         "Database migrations (Alembic). `hangd serve` upgrades on start; these are for doing it by hand.",
         "  hangd db upgrade\n  hangd db downgrade base --db sqlite:////tmp/h.db --json"))
     dbs = db.add_subparsers(dest="db_cmd", required=True, metavar="COMMAND", parser_class=type(db))
-    for name, default, what in (("upgrade", "head", "to the newest schema"), ("downgrade", "base", "to an older schema")):
-        p = dbs.add_parser(name, help=f"migrate {what}", **help_(
-            f"Migrate the store {what} (default revision: {default}).",
-            f"  hangd db {name}\n  hangd db {name} {default} --db sqlite:////tmp/h.db --json"))
-        p.add_argument("revision", nargs="?", default=default, help=f"Alembic revision (default {default}), e.g. {default}")
+    up = dbs.add_parser("upgrade", help="migrate to the newest schema", **help_(
+        "Migrate the store to the newest schema (default revision: head).",
+        "  hangd db upgrade\n  hangd db upgrade head --db sqlite:////tmp/h.db --json"))
+    up.add_argument("revision", nargs="?", default="head", help="Alembic revision (default head), e.g. head")
+    # no default: `hangd db downgrade` typed to see what it does must not drop every table (base)
+    down = dbs.add_parser("downgrade", help="migrate to an older schema (base: drop every table)", **help_(
+        "Migrate the store to an older schema. The revision is required: base drops every table\n"
+        "and with them the incident history.",
+        "  hangd db downgrade -1\n  hangd db downgrade base --db sqlite:////tmp/h.db --json"))
+    down.add_argument("revision", help="Alembic revision: one, -1 for the previous, base for none, e.g. -1")
+    for example, p in (("upgrade", up), ("downgrade -1", down)):
         p.add_argument("--db", metavar="URL", help="SQLAlchemy URL, e.g. --db sqlite:////var/lib/hangd/hangd.db")
-        p.add_argument("--json", action="store_true", help="print the result as JSON")
+        p.add_argument("--json", action="store_true", help=f"print the result as JSON, e.g. hangd db {example} --json")
         p.set_defaults(func=cmd_db)

@@ -185,9 +185,18 @@ class Daemon:
         st = self.loop.node.runner.stats.get("nvml")
         return gpus_unseen({"nvml": st.error}) if st is not None and not st.success and st.error else None
 
+    def sources_failing(self) -> list[str]:
+        """The live node's other sources (/proc, logs, flight recorder) whose last read failed, each
+        with its reason and HINT. The GPUs and the store have sentences of their own."""
+        if self.loop is None:
+            return []
+        return [f"source {name} {st.error}" for name, st in sorted(self.loop.node.runner.stats.items())
+                if name not in ("nvml", "store") and not st.success and st.error]
+
     def ready(self) -> tuple[bool, str]:
-        """Ready once the loop has sampled (or the replay ran). A degraded store, or GPUs that cannot
-        be seen, still serve (what /proc shows is worth having) but say ``degraded: <why>``."""
+        """Ready once the loop has sampled (or the replay ran). A degraded store, GPUs that cannot be
+        seen or another source failing still serve (what the rest shows is worth having) but say
+        ``degraded: <why>``."""
         degraded = []
         if not self.store.healthy:
             degraded.append(f"store degraded: {self.store.last_error} ({len(self.store.pending)} batches queued)")
@@ -199,6 +208,7 @@ class Daemon:
             return False, "loop not running"
         if self.last_tick_at is None:
             return False, "no tick yet"
+        degraded[:0] = self.sources_failing()
         unseen = self.gpus_unseen()
         if unseen:
             degraded.insert(0, unseen)

@@ -43,6 +43,11 @@ class IncidentSummary(BaseModel):
     def resolved_at_iso(self) -> str | None:
         return iso_field(self.resolved_at)
 
+    @computed_field(description="hang_started_at as ISO-8601 (local time with offset)")  # type: ignore[prop-decorator]
+    @property
+    def hang_started_at_iso(self) -> str | None:
+        return iso_field(self.hang_started_at)
+
 
 class IncidentDetail(IncidentSummary):
     evidence: dict[str, Any] = {}
@@ -96,6 +101,11 @@ class JobOut(BaseModel):
     last_progress: float | None = None
     open_incidents: list[int] = []
 
+    @computed_field(description="last_progress as ISO-8601 (local time with offset)")  # type: ignore[prop-decorator]
+    @property
+    def last_progress_iso(self) -> str | None:
+        return iso_field(self.last_progress)
+
 
 class GpuOut(BaseModel):
     index: int
@@ -119,6 +129,11 @@ class TimelineEntry(BaseModel):
     job: str | None
     state: str
     reason: str
+
+    @computed_field(description="t as ISO-8601 (local time with offset)")  # type: ignore[prop-decorator]
+    @property
+    def t_iso(self) -> str | None:
+        return iso_field(self.t)
 
 
 class Health(BaseModel):

@@ -9,6 +9,8 @@ import sys
 import httpx
 import pytest
 
+from hangd.humanize import iso_field
+
 from ..conftest import PLANTED_SECRET, TRACES
 from .conftest import serve
 
@@ -64,6 +66,12 @@ def test_filters_paging_and_ack(tmp_path, served):
     assert s.get("/incidents/999999").status_code == 404
     tl = s.get("/timeline", params={"pid": 1666}).json()
     assert tl and all(e["pid"] == 1666 for e in tl) and "hung" in {e["state"] for e in tl}
+    # numbers for tools, and the same instants for a person reading the JSON
+    assert all(isinstance(e["t"], float) and e["t_iso"] == iso_field(e["t"]) for e in tl)
+    inc = s.get(f"/incidents/{iid}").json()
+    assert inc["hang_started_at_iso"] == iso_field(inc["hang_started_at"]) and inc["opened_at_iso"]
+    jobs = s.get("/jobs").json()
+    assert jobs and all(j["last_progress_iso"] == iso_field(j["last_progress"]) for j in jobs)
     assert s.post("/snapshot").status_code == 409  # nothing live to capture in a replay
     assert s.post("/processes").status_code == 405
     big = s.post(f"/incidents/{iid}/ack", content=b"x" * 100_000)

@@ -25,7 +25,7 @@ SERVE = ["serve", "--listen", "127.0.0.1:1"]
     (SERVE, "postgres://u:p@ss@db.example.invalid/hangd", "p@ss", "write it as %40"),
     (["db", "upgrade"], "postgresql://u:s3cr3tpw@127.0.0.1:1/hangd", "s3cr3tpw", "OperationalError"),
     (SERVE, "postgresql://u:s3cr3tpw@127.0.0.1:1/hangd", "s3cr3tpw", "OperationalError"),
-    (["db", "downgrade"], "nope://u:s3cr3tpw@h/db", "s3cr3tpw", "NoSuchModuleError"),
+    (["db", "downgrade", "base"], "nope://u:s3cr3tpw@h/db", "s3cr3tpw", "NoSuchModuleError"),
 ])
 def test_a_bad_db_url_is_one_line_without_the_password(command, url, secret, says):
     r = run_hangd(*command, "--db", url, check=False, timeout=60)

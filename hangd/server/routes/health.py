@@ -14,7 +14,8 @@ async def healthz() -> Health:  # async: answered on the event loop, never queue
 
 
 @router.get("/readyz", response_model=Health, summary="The loop runs and has sampled the node",
-            description="`ok`; `degraded` (still serving, 200) when the store fails or the GPUs cannot be seen, "
+            description="`ok`; `degraded` (still serving, 200) when the store fails, the GPUs cannot be seen "
+                        "or another source (/proc, logs, flight recorder) cannot read, "
                         "with the reason in `detail`; `not ready` (503) before the first sample.",
             responses={503: {"model": Health}})
 async def readyz(daemon: DaemonDep, response: Response) -> Health:  # reads flags only: never blocks
