@@ -38,7 +38,7 @@ from hangd.analysis.views import JobTrack, JobView, ProcTrack
 from hangd.evidence import Requests, decode_evidence
 from hangd.flightrec.analyze import Finding, analyze
 from hangd.incidents import Incident, IncidentBook
-from hangd.snapshot import GpuSample, Snapshot
+from hangd.snapshot import GpuSample, RemoteRank, Snapshot
 
 log = logging.getLogger("hangd.analysis")
 
@@ -62,6 +62,8 @@ class Analyzer:
         self.unreadable = 0  # evidence files (flight-recorder dumps) that could not be decoded
         self._pid_job: dict[int, str] = {}
         self._unattributed: dict[int, float] = {}
+        # the ranks other nodes report for the jobs that span nodes (the newest a snapshot brought)
+        self.remote: dict[str, list[RemoteRank]] = {}
         self.env = Env(self.th, self.view, self.tracks, self.progress, self.book)
 
     # ------------------------------------------------------------------ public surface
@@ -70,6 +72,10 @@ class Analyzer:
         """Feed one snapshot; the state changes it caused."""
         decode_evidence(snap)  # sources decode already; a hand-made snapshot may not have
         self.view.feed(snap)
+        if snap.remote is not None:
+            self.remote = {}
+            for rr in snap.remote:
+                self.remote.setdefault(rr.job, []).append(rr)
         t = snap.t
         for pid in self.view.new_stacks:
             self._stack_arrived(pid, t)
@@ -148,7 +154,9 @@ class Analyzer:
                     continue
                 s = self.signals.get(pid)
                 pr = self.progress.of(pid)
-                out.append({"pid": pid, "rank": job.ranks[pid], "rank_from": job.rank_source.get(pid), "job": job.id,
+                # a rank of a job that spans nodes also says what the other nodes diagnose with
+                fleet = {"world_size": job.world_size, "waits": p.reading.local.waits_for_peer} if job.spans_nodes else {}
+                out.append({**fleet, "pid": pid, "rank": job.ranks[pid], "rank_from": job.rank_source.get(pid), "job": job.id,
                             "state": str(p.state), "since": round(p.since, 3), "reason": p.reason,
                             "gpus": s.gpu_indexes if s else [],
                             # missing is not zero: without any GPU reading, GPU memory is unknown
@@ -160,6 +168,10 @@ class Analyzer:
         return out
 
     process_states = processes  # the older name
+
+    def spanning_jobs(self) -> set[str]:
+        """The jobs (keys) with ranks on other nodes."""
+        return {j.id for j in self.job_defs.values() if j.spans_nodes}
 
     def cmdline(self, pid: int) -> list[str] | None:
         """The command line of a watched process (secrets already redacted at the source)."""
@@ -387,7 +399,13 @@ class Analyzer:
             firsts = [self.view.procs[pid].first_seen for pid in live]
             last = min(firsts) if firsts else t
         jv = JobView(job=job, track=tr, t=t, live=live, sigs=sigs, readings=readings, quiet=t - last,
-                     last_progress=last, last_strong=last_strong)
+                     last_progress=last, last_strong=last_strong,
+                     remote=self.remote.get(job.id, []) if job.spans_nodes else [], node_stale_s=th.node_stale_s)
+        if live:
+            # a rank on another node that progresses makes the job progress (ranks here may wait for it)
+            remote_last = max((r.last_progress for r in jv.remote_fresh if r.last_progress is not None), default=None)
+            if remote_last is not None and remote_last > jv.last_progress:
+                jv.last_progress, jv.quiet = remote_last, max(0.0, t - remote_last)
         orphans = {pid for pid in live if orphan.is_orphaned(self.view, pid)}
 
         exited_inc = exits.step(self.env, jv)

@@ -68,6 +68,8 @@ class Node:
         self.pending_stacks: list[StackSample] = []
         self.gone: set[int] = set()
         self.changes: list = []
+        # ranks other nodes report (a shared store): given the tick's time, the snapshot's remote part
+        self.remote = None
 
     def write_log(self, path: str, text: str) -> None:
         self.logs[path] = self.logs.get(path, 0) + len(text)
@@ -121,6 +123,8 @@ class Node:
         for path, size in self.logs.items():
             snap.files.append(FileSample(path=path, size=size, tail=self._tails.get(path)))
         snap.stacks, self.pending_stacks = self.pending_stacks, []
+        if self.remote is not None:
+            snap.remote = self.remote(self.t)
         self.changes.extend(self.an.step(snap))
         self.an.take_requests()
 

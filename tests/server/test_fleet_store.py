@@ -1,0 +1,119 @@
+"""Several nodes' hangd on one real PostgreSQL: each writes its own ranks with a heartbeat, reads
+the other nodes' ranks of the jobs that span nodes, and a hang of such a job is one incident in
+the database whichever node writes it first."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+from sqlalchemy import func, select
+
+from hangd.store import models as m
+from hangd.store.db import ID_STRIDE, Batch, Store, StoreInUse
+
+
+def _ranks(job: str, ranks: dict[int, tuple[int, str, bool]], t: float) -> list[dict]:
+    """rank -> (pid, state, waits), as Analyzer.processes() gives the ranks of a job that spans nodes."""
+    return [{"pid": pid, "job": job, "rank": r, "state": st, "since": t, "reason": f"rank {r} {st}", "world_size": 4,
+             "last_progress": t - 30, "waits": waits} for r, (pid, st, waits) in ranks.items()]
+
+
+def _job(job: str, state: str, ranks: dict[int, tuple[int, str, bool]]) -> dict:
+    return {"job": job, "name": job, "state": state, "ranks": {str(r): v[0] for r, v in ranks.items()}, "world_size": 4,
+            "identity": {"rendezvous": job[5:]}, "spans_nodes": "WORLD_SIZE 4 > LOCAL_WORLD_SIZE 2"}
+
+
+def _hang(iid: int, job: str, t: float, summary: str, resolved: bool = False) -> dict:
+    return {"id": iid, "kind": "host_stall", "severity": "critical", "job": job, "opened_at": t, "updated_at": t,
+            "resolved_at": t + 1 if resolved else None, "summary": summary, "next_step": "", "pids": [1], "ranks": [0, 1],
+            "culprit_pids": [], "culprit_ranks": [3], "evidence": {}, "findings": [], "timeline": [{"t": t, "event": "opened"}]}
+
+
+@pytest.fixture
+def fleet(postgres_url):
+    tag = uuid.uuid4().hex[:8]
+    stores = [Store(postgres_url, hostname=f"node-{x}-{tag}", exclusive=True, heartbeat_s=0.5, node_stale_s=3)
+              for x in "ab"]
+    yield stores, f"rdzv:10.0.0.1:{tag}"
+    for s in stores:
+        s.close()
+
+
+def _hangs_in_db(st: Store, job: str) -> list[m.Incident]:
+    with st.Session() as s:
+        return list(s.scalars(select(m.Incident).where(m.Incident.job == job)))
+
+
+def test_each_node_reads_the_other_nodes_ranks_of_a_job_that_spans_nodes(fleet):
+    (a, b), job = fleet
+    t = time.time()
+    a_ranks, b_ranks = {0: (101, "waiting_peer", True), 1: (102, "waiting_peer", True)}, \
+        {2: (701, "waiting_peer", True), 3: (702, "straggler", False)}
+    a.submit(Batch(t=t, processes=_ranks(job, a_ranks, t), jobs=[_job(job, "waiting_peer", a_ranks)], spanning={job}))
+    b.submit(Batch(t=t, processes=_ranks(job, b_ranks, t), jobs=[_job(job, "straggler", b_ranks)], spanning={job}))
+    seen = {(r.node, r.rank): r for r in a.remote_ranks([job], t)}
+    assert set(seen) == {(b.hostname, 2), (b.hostname, 3)}
+    assert seen[(b.hostname, 3)].waits is False and seen[(b.hostname, 3)].pid == 702
+    assert abs(seen[(b.hostname, 3)].reported_at - t) < 1 and seen[(b.hostname, 3)].last_progress == pytest.approx(t - 30)
+    assert {r.rank for r in b.remote_ranks([job], t)} == {0, 1}
+    view = a.fleet_jobs(job, t)[job]
+    assert [n["node"] for n in view["nodes"]] == sorted([a.hostname, b.hostname])
+    assert {r: x["node"] for r, x in view["fleet_ranks"].items()} == {"0": a.hostname, "1": a.hostname, "2": b.hostname,
+                                                                      "3": b.hostname}
+    assert not any(n["stale"] for n in view["nodes"])
+    # node b's hangd stops: its rows stay, its node is reported as stopped
+    assert a.fleet_jobs(job, t + 10)[job]["nodes"][[n["node"] for n in view["nodes"]].index(b.hostname)]["stale"]
+
+
+def test_a_hang_of_a_job_that_spans_nodes_is_one_incident_whichever_node_writes_first(fleet):
+    (a, b), job = fleet
+    t = time.time()
+    for st in (a, b):  # both alive
+        st.submit(Batch(t=t))
+    ia, ib = ID_STRIDE + a.node_id, ID_STRIDE + b.node_id  # each numbers apart, as the daemon sets it
+    b.submit(Batch(t=t, incidents=[_hang(ib, job, t, "rank 3 (pid 702) is not in the collective")], spanning={job}))
+    a.submit(Batch(t=t + 0.1, incidents=[_hang(ia, job, t + 0.1, "rank 3 on node-b (pid 702) is not in the collective")],
+                   spanning={job}))
+    a.submit(Batch(t=t + 0.2, incidents=[_hang(ia, job, t + 0.1, "updated by a")], spanning={job}))
+    assert a.healthy and b.healthy, (a.last_error, b.last_error)
+    (row,) = _hangs_in_db(a, job)
+    assert row.id == ib and row.summary.startswith("rank 3 (pid 702)") and row.status == "open"
+    assert any(f"also seen by {a.hostname}" in e.get("event", "") for e in row.timeline), row.timeline
+    total, listed = a.list_incidents(job=job)
+    assert total == 1 and listed[0]["id"] == ib  # node a's API lists the one row
+    # the owner resolves it: the key is free for the next episode
+    b.submit(Batch(t=t + 2, incidents=[_hang(ib, job, t, "over", resolved=True)], spanning={job}))
+    (row,) = _hangs_in_db(a, job)
+    assert row.status == "resolved" and row.open_key is None
+
+
+def test_a_node_takes_over_the_incident_of_a_node_that_stopped_reporting(fleet):
+    (a, b), job = fleet
+    t = time.time()
+    b.submit(Batch(t=t - 60))  # node b's last heartbeat was a minute ago
+    ib, ia = 2 * ID_STRIDE + b.node_id, 2 * ID_STRIDE + a.node_id
+    b.submit(Batch(t=t - 60, incidents=[_hang(ib, job, t - 60, "from b")], spanning={job}))
+    with b.Session.begin() as s:  # the heartbeat the batch moved, put back a minute
+        s.execute(m.Node.__table__.update().where(m.Node.id == b.node_id).values(last_seen=t - 60))
+    a.submit(Batch(t=t, incidents=[_hang(ia, job, t, "from a")], spanning={job}))
+    (row,) = _hangs_in_db(a, job)
+    assert row.node_id == a.node_id and row.summary == "from a" and row.opened_at == pytest.approx(t - 60)
+    assert any("took over" in e.get("event", "") for e in row.timeline)
+
+
+def test_two_nodes_share_a_database_but_one_node_name_has_one_hangd(postgres_url, fleet):
+    (a, _), _ = fleet
+    with pytest.raises(StoreInUse, match=f"node {a.hostname}"):
+        Store(postgres_url, hostname=a.hostname, exclusive=True)
+
+
+def test_incidents_of_single_node_jobs_do_not_take_the_open_key(fleet):
+    (a, b), job = fleet
+    t = time.time()
+    a.submit(Batch(t=t, incidents=[_hang(3 * ID_STRIDE + a.node_id, job + "@1", t, "a")]))
+    b.submit(Batch(t=t, incidents=[_hang(3 * ID_STRIDE + b.node_id, job + "@1", t, "b")]))
+    with a.Session() as s:
+        n = s.scalar(select(func.count()).select_from(m.Incident).where(m.Incident.job == job + "@1"))
+    assert n == 2
