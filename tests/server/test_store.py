@@ -11,7 +11,15 @@ import pytest
 from sqlalchemy import create_engine, event, inspect, text
 from sqlalchemy.exc import SQLAlchemyError
 
-from hangd.store.db import TOUCH_EVERY_S, Batch, MigrationFailed, Store, downgrade, upgrade, upgrade_apart
+from hangd.store.db import (
+    TOUCH_EVERY_S,
+    Batch,
+    MigrationFailed,
+    Store,
+    downgrade,
+    upgrade,
+    upgrade_apart,
+)
 
 from ..conftest import ROOT, TRACES
 from .conftest import serve
