@@ -203,6 +203,7 @@ class Snapshot:
     # the ranks other nodes report for the jobs that span nodes (from a shared store); None when
     # there is no shared store, or it could not be read this time
     remote: list[RemoteRank] | None = None
+    node: str | None = None  # this node's name among the nodes sharing a store (None: alone)
 
     def is_empty(self) -> bool:
         return not (

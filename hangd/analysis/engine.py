@@ -64,7 +64,9 @@ class Analyzer:
         self._unattributed: dict[int, float] = {}
         # the ranks other nodes report for the jobs that span nodes (the newest a snapshot brought)
         self.remote: dict[str, list[RemoteRank]] = {}
-        self.env = Env(self.th, self.view, self.tracks, self.progress, self.book)
+        self.node_name: str | None = None  # this node's name in a fleet (it names ranks "rank 3 on node-b")
+        self.last_t = 0.0  # the time of the newest snapshot
+        self.env = Env(self.th, self.view, self.tracks, self.progress, self.book, node=lambda: self.node_name)
 
     # ------------------------------------------------------------------ public surface
 
@@ -72,6 +74,9 @@ class Analyzer:
         """Feed one snapshot; the state changes it caused."""
         decode_evidence(snap)  # sources decode already; a hand-made snapshot may not have
         self.view.feed(snap)
+        self.last_t = snap.t
+        if snap.node is not None:
+            self.node_name = snap.node
         if snap.remote is not None:
             self.remote = {}
             for rr in snap.remote:
@@ -168,6 +173,20 @@ class Analyzer:
         return out
 
     process_states = processes  # the older name
+
+    def job_nodes(self) -> dict[str, dict[str, tuple[float, int]]]:
+        """Per job that spans nodes, in a fleet: every node that reports it -> (its last report,
+        its ranks of the job). This node's last report is its last snapshot."""
+        out: dict[str, dict[str, tuple[float, int]]] = {}
+        if self.node_name is None:
+            return out
+        for job in self.job_defs.values():
+            if not job.spans_nodes:
+                continue
+            nodes = out[job.id] = {self.node_name: (self.last_t, len(job.ranks))}
+            for r in self.remote.get(job.id, []):
+                nodes[r.node] = (r.reported_at, nodes.get(r.node, (0.0, 0))[1] + 1)
+        return out
 
     def spanning_jobs(self) -> set[str]:
         """The jobs (keys) with ranks on other nodes."""

@@ -116,6 +116,7 @@ class Daemon:
     def _attach_remote(self, snap: Snapshot) -> None:
         """The ranks other nodes report for this node's jobs that span nodes: the snapshot's
         remote part. A failed read leaves it out (the analysis keeps the last it had)."""
+        snap.node = self.store.hostname
         if not self._spanning:
             return
         try:

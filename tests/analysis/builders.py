@@ -70,6 +70,7 @@ class Node:
         self.changes: list = []
         # ranks other nodes report (a shared store): given the tick's time, the snapshot's remote part
         self.remote = None
+        self.name: str | None = None  # the node's name among nodes sharing a store
 
     def write_log(self, path: str, text: str) -> None:
         self.logs[path] = self.logs.get(path, 0) + len(text)
@@ -125,6 +126,7 @@ class Node:
         snap.stacks, self.pending_stacks = self.pending_stacks, []
         if self.remote is not None:
             snap.remote = self.remote(self.t)
+            snap.node = self.name
         self.changes.extend(self.an.step(snap))
         self.an.take_requests()
 

@@ -96,3 +96,43 @@ def test_a_single_node_job_ignores_remote_ranks_and_says_nothing_of_nodes():
     (inc,) = node.an.incidents()
     assert "nodes" not in inc.evidence and "node-b" not in inc.summary
     assert all("waits" not in p for p in node.an.processes())
+
+
+COLL = [("torch/distributed/distributed_c10d.py", "all_reduce"), ("train.py", "main")]
+
+
+def test_a_rank_here_between_two_stack_captures_does_not_take_the_blame_from_a_rank_on_another_node():
+    """Host-side waits (gloo): both ranks here sit in all_reduce. When one of them leaves the
+    kernel wait point its last stack was taken at, its stack no longer describes it for a while;
+    it is still not the rank the job waits for, rank 3 on node-b is."""
+    node = Node([P(10, 1), P(11, 10, _env(0)), P(12, 10, _env(1))])
+    node.remote = lambda t: [_b(2, True, "waiting_peer", "blocked", t - 1), _b(3, False, "straggler", "asleep", t - 1)]
+    node.run(3)
+    node.stack(11, COLL)
+    node.stack(12, COLL)
+    node.run(25)
+    (inc,) = node.an.incidents()
+    assert inc.kind == "host_stall" and inc.culprit_ranks == [3], inc.summary
+    node.procs[12].wchan = "do_epoll_wait"  # its stack of a moment ago no longer says where it is
+    node.run(10)
+    assert inc.culprit_ranks == [3], inc.summary
+    assert "rank 1 (pid 12) is not in the collective" not in inc.summary
+
+
+EVENT = [("threading.py", "wait"), ("train.py", "main")]
+
+
+def test_the_node_that_holds_the_culprit_names_it_with_its_node_and_the_waiting_ranks_elsewhere():
+    node = Node([P(700, 1), P(701, 700, _env(2)), P(702, 700, _env(3))])
+    node.name = "node-b"
+    node.remote = lambda t: [RemoteRank(job=JOB, node="node-a", rank=r, pid=100 + r, state="waiting_peer", reason="",
+                                        waits=True, last_progress=900.0, reported_at=t - 1) for r in (0, 1)]
+    node.run(3)
+    node.stack(701, COLL)
+    node.stack(702, EVENT)
+    node.run(25)
+    (inc,) = node.an.incidents()
+    assert inc.culprit_ranks == [3] and inc.culprit_pids == [702]
+    assert inc.summary.startswith("rank 3 on node-b (pid 702) is not in the collective its peers wait in"), inc.summary
+    assert "ranks 0, 1 on node-a wait in a collective too" in inc.summary, inc.summary
+    assert inc.evidence["culprits"] == [{"rank": 3, "node": "node-b", "pid": 702}]

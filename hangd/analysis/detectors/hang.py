@@ -13,6 +13,7 @@ from typing import Any
 
 from hangd.analysis import report
 from hangd.analysis.detectors import Env
+from hangd.analysis.local import WAIT_VERDICTS
 from hangd.analysis.model import Local
 from hangd.analysis.views import Culprit, JobView
 from hangd.incidents import HANG_KINDS, Incident, IncidentKind
@@ -92,6 +93,10 @@ def _culprit(env: Env, jv: JobView) -> Culprit | None:
     waiting = jv.waiting
     if waiting:
         others = [p for p in jv.live if p not in waiting]
+        if job.spans_nodes:
+            # a rank whose last stack was in a collective is between two captures, not elsewhere: with
+            # ranks on other nodes, the one they all wait for may well be there
+            others = [p for p in others if not _stack_in_collective(env, p)]
         # a rank whose stack shows it somewhere else is the one they wait for; a rank with no stack
         # yet may just not have been captured (stacks of several ranks arrive over a few ticks)
         seen = [p for p in others if (tp := env.tracks.get(p)) is not None and tp.verdict_t is not None]
@@ -107,11 +112,17 @@ def _culprit(env: Env, jv: JobView) -> Culprit | None:
     return None
 
 
+def _stack_in_collective(env: Env, pid: int) -> bool:
+    tp = env.tracks.get(pid)
+    return tp is not None and tp.verdict_t is not None and tp.verdict.kind in WAIT_VERDICTS
+
+
 def _remote_name(r: RemoteRank) -> str:
     return f"rank {r.rank} on {r.node} (pid {r.pid})"
 
 
-def _fleet(env: Env, jv: JobView, inc: Incident, parts: list[str], remote_culprits: list[RemoteRank]) -> None:
+def _fleet(env: Env, jv: JobView, inc: Incident, parts: list[str], local_culprits: list[int],
+           remote_culprits: list[RemoteRank]) -> None:
     """What the other nodes of a job that spans nodes add: their waiting ranks, the nodes that
     stopped reporting (named, never blamed), and where every rank is."""
     waiting = sorted((r for r in jv.remote_fresh if r.waits), key=lambda r: (r.rank or 0, r.node))
@@ -134,6 +145,9 @@ def _fleet(env: Env, jv: JobView, inc: Incident, parts: list[str], remote_culpri
     if remote_culprits:
         inc.evidence["remote_culprits"] = [{"rank": r.rank, "node": r.node, "pid": r.pid, "state": r.state,
                                             "reason": r.reason} for r in remote_culprits]
+    # every culprit with its node (a pid means something only on its node)
+    inc.evidence["culprits"] = [*({"rank": jv.job.ranks[p], "node": env.node(), "pid": p} for p in local_culprits),
+                                *({"rank": r.rank, "node": r.node, "pid": r.pid} for r in remote_culprits)]
     inc.ranks = sorted({*inc.ranks, *(r.rank for r in jv.remote if r.rank is not None)})
 
 
@@ -146,6 +160,9 @@ def fill(env: Env, jv: JobView, inc: object) -> None:
                             or not set(tr.culprit.pids) & alive):
         tr.culprit = new
     culprits = [p for p in (tr.culprit.pids if tr.culprit else []) if p in job.ranks]
+    if job.spans_nodes:
+        # a rank here blamed a moment ago that now waits in the collective with the others is not it
+        culprits = [p for p in culprits if p not in jv.readings or not jv.readings[p].local.waits_for_peer]
     # a rank on another node stays the culprit while its node reports it outside a collective
     fresh = {(r.node, r.rank): r for r in jv.remote_fresh}
     remote_culprits = [fresh[(r.node, r.rank)] for r in (tr.culprit.remote if tr.culprit else [])
@@ -157,8 +174,9 @@ def fill(env: Env, jv: JobView, inc: object) -> None:
     readings = jv.readings
     waiters = jv.by_rank(jv.waiting - set(culprits))
     parts = []
+    here = f" on {env.node()}" if job.spans_nodes and env.node() else ""  # ranks of a job on several nodes say where
     if culprits or remote_culprits:
-        who = ", ".join([*(f"rank {job.ranks[p]} (pid {p})" for p in culprits), *map(_remote_name, remote_culprits)])
+        who = ", ".join([*(f"rank {job.ranks[p]}{here} (pid {p})" for p in culprits), *map(_remote_name, remote_culprits)])
         one = len(culprits) + len(remote_culprits) == 1
         parts.append(f"{who} {'is' if one else 'are'} not in the collective {'its' if one else 'their'} peers wait in: "
                      + "; ".join([*(f"rank {job.ranks[p]}: {readings[p].why}" for p in culprits if p in readings),
@@ -186,7 +204,7 @@ def fill(env: Env, jv: JobView, inc: object) -> None:
         parts.insert(0, "Probable cause, from " + report.quote_exception(exc[-1]))
     inc.evidence = report.evidence(env.view, env.tracks, job, jv.sigs, jv.quiet)
     if job.spans_nodes:
-        _fleet(env, jv, inc, parts, remote_culprits)
+        _fleet(env, jv, inc, parts, culprits, remote_culprits)
     inc.summary = ". ".join(parts) + "."
     if exc:
         inc.evidence["exceptions"] = exc[-5:]
