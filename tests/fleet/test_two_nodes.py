@@ -204,13 +204,23 @@ def test_a_rank_on_node_b_deadlocks_one_incident_then_node_b_stops_reporting(fle
             listed = s.get("/incidents", params={"job": key}).json()
             assert listed["total"] == 1 and listed["incidents"][0]["id"] == row.id, listed
             detail = s.get(f"/incidents/{row.id}").json()
-            assert detail["culprit_ranks"] == [3], detail
-        summary = a.get(f"/incidents/{row.id}").json()["summary"]
-        assert "rank 3" in summary, summary
+            assert detail["culprit_ranks"] == [3], (detail["summary"], detail["timeline"], s.get("/processes").json())
+        detail = a.get(f"/incidents/{row.id}").json()
+        summary = detail["summary"]
+        assert "rank 3 on node-b (pid " in summary, summary  # whichever node wrote it first
+        assert [(c["rank"], c["node"]) for c in detail["evidence"]["culprits"]] == [(3, "node-b")], detail["evidence"]
         print(f"\nthe one incident #{row.id} ({row.kind}): {summary}")
         view = _job(a, key)
         assert view["open_incidents"] == [row.id] and view["rank_nodes"]["3"] == "node-b"
         assert view["fleet_ranks"]["3"]["node"] == "node-b"
+        # the job-level alert rules read these: the job, each node, and its ranks, from either node
+        for s, node in ((a, "node-a"), (b, "node-b")):
+            text = s.get("/metrics").text
+            for other in ("node-a", "node-b"):
+                assert f'hangd_job_node_ranks{{hangd_job="{key}",node="{other}"}} 2.0' in text, (node, other)
+                assert f'hangd_job_node_last_report_timestamp_seconds{{hangd_job="{key}",node="{other}"}}' in text
+            lint = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
+            assert lint.returncode == 0, lint.stdout + lint.stderr
 
         # node-b's hangd dies; the job (and the hang) go on
         hangd_b = served["node-b"][1]
