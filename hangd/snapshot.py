@@ -177,6 +177,7 @@ class RemoteRank:
     waits: bool | None  # blocked in a collective, waiting for a peer (that node's judgement)
     last_progress: float | None
     reported_at: float  # that node's hangd's last heartbeat
+    reading: str | None = None  # what the rank does on its own, in words, as that node judged it
 
 
 @dataclass(slots=True)

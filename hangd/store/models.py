@@ -75,6 +75,7 @@ class Process(Base):
     world_size: Mapped[int | None] = mapped_column(Integer)
     last_progress: Mapped[float | None] = mapped_column(Float)
     waits: Mapped[bool | None] = mapped_column(Boolean)  # blocked in a collective, waiting for a peer
+    reading: Mapped[str | None] = mapped_column(Text)  # what the rank does on its own, in words (its state's why)
 
 
 class StateChange(Base):

@@ -29,13 +29,16 @@ def _b(rank: int, waits: bool | None, state: str, reason: str, reported: float, 
 
 def test_the_culprit_can_be_a_rank_on_another_node():
     node = _node_a()
+    asleep = "its stack is sleeping (time.sleep)"
     node.remote = lambda t: [_b(2, True, "waiting_peer", "blocked in a collective", t - 1),
-                             _b(3, False, "straggler", "asleep (hrtimer_nanosleep)", t - 1)]
+                             RemoteRank(job=JOB, node="node-b", rank=3, pid=1233, state="hung", reason="job hung: ...",
+                                        waits=False, last_progress=900.0, reported_at=t - 1, reading=asleep)]
     node.run(30)
     (inc,) = node.an.incidents()
     assert inc.kind == "nccl_stall" and inc.job == JOB
     assert inc.culprit_ranks == [3] and inc.culprit_pids == []  # its pid lives on node-b, named in the words
-    assert "rank 3 on node-b (pid 1233) is not in the collective its peers wait in" in inc.summary, inc.summary
+    assert "rank 3 on node-b (pid 1233) is not in the collective its peers wait in: rank 3 on node-b: " + asleep \
+        in inc.summary, inc.summary
     assert "rank 2 on node-b waits in a collective too" in inc.summary, inc.summary
     assert inc.ranks == [0, 1, 2, 3]
     assert inc.evidence["remote_culprits"][0]["node"] == "node-b"

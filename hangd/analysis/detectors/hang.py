@@ -180,7 +180,7 @@ def fill(env: Env, jv: JobView, inc: object) -> None:
         one = len(culprits) + len(remote_culprits) == 1
         parts.append(f"{who} {'is' if one else 'are'} not in the collective {'its' if one else 'their'} peers wait in: "
                      + "; ".join([*(f"rank {job.ranks[p]}: {readings[p].why}" for p in culprits if p in readings),
-                                  *(f"rank {r.rank} on {r.node}: {r.state}: {r.reason or 'no reason given'}"
+                                  *(f"rank {r.rank} on {r.node}: {r.reading or r.reason or r.state}"
                                     for r in remote_culprits)]))
     if waiters:
         waited = jv.t - (inc.hang_started_at if inc.hang_started_at is not None else jv.last_progress)

@@ -23,6 +23,7 @@ def upgrade() -> None:
         batch_op.add_column(sa.Column('world_size', sa.Integer(), nullable=True))
         batch_op.add_column(sa.Column('last_progress', sa.Float(), nullable=True))
         batch_op.add_column(sa.Column('waits', sa.Boolean(), nullable=True))
+        batch_op.add_column(sa.Column('reading', sa.Text(), nullable=True))
         batch_op.create_index('ix_processes_job_last_seen', ['job', 'last_seen'], unique=False)
     with op.batch_alter_table('jobs', schema=None) as batch_op:
         batch_op.add_column(sa.Column('world_size', sa.Integer(), nullable=True))
@@ -45,6 +46,7 @@ def downgrade() -> None:
         batch_op.drop_column('world_size')
     with op.batch_alter_table('processes', schema=None) as batch_op:
         batch_op.drop_index('ix_processes_job_last_seen')
+        batch_op.drop_column('reading')
         batch_op.drop_column('waits')
         batch_op.drop_column('last_progress')
         batch_op.drop_column('world_size')
