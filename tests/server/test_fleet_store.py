@@ -4,6 +4,7 @@ the database whichever node writes it first."""
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 
@@ -119,3 +120,30 @@ def test_incidents_of_single_node_jobs_do_not_take_the_open_key(fleet):
     with a.Session() as s:
         n = s.scalar(select(func.count()).select_from(m.Incident).where(m.Incident.job == job + "@1"))
     assert n == 2
+
+
+def test_hangd_status_job_prints_the_whole_job_from_the_database(fleet, postgres_url):
+    from ..conftest import run_hangd
+
+    (a, b), job = fleet
+    t = time.time()
+    a_ranks, b_ranks = {0: (101, "waiting_peer", True), 1: (102, "waiting_peer", True)}, \
+        {2: (701, "waiting_peer", True), 3: (702, "hung", False)}
+    a.submit(Batch(t=t, processes=_ranks(job, a_ranks, t), jobs=[_job(job, "hung", a_ranks)], spanning={job}))
+    b.submit(Batch(t=t, processes=_ranks(job, b_ranks, t), jobs=[_job(job, "hung", b_ranks)], spanning={job},
+                   incidents=[_hang(4 * ID_STRIDE + b.node_id, job, t, "rank 3 on node-b (pid 702) is not in it")]))
+    out = run_hangd("status", "--job", job, "--db", postgres_url)
+    assert out.returncode == 1, out.stderr  # an incident is open
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith(f"JOB {job} (WORLD_SIZE 4 > LOCAL_WORLD_SIZE 2; key from rendezvous="), lines[0]
+    assert any(line.startswith(f"  {b.hostname}: last report ") and line.endswith("ranks 2, 3") for line in lines), lines
+    row3 = next(line for line in lines if line.split()[:3] == ["3", b.hostname, "702"])
+    assert "hung" in row3 and " no " in row3, row3
+    assert any("INCIDENT #" in line and "culprit ranks [3]" in line for line in lines), lines
+    with b.Session.begin() as s:  # node-b's hangd stops reporting
+        s.execute(m.Node.__table__.update().where(m.Node.id == b.node_id).values(last_seen=t - 60))
+    out = run_hangd("status", "--job", job, "--db", postgres_url, "--json")
+    doc = json.loads(out.stdout)
+    assert [n["stale"] for n in doc["nodes"] if n["node"] == b.hostname] == [True]
+    missing = run_hangd("status", "--job", "rdzv:nowhere:1", "--db", postgres_url, check=False)
+    assert missing.returncode == 3 and "no job rdzv:nowhere:1" in missing.stderr
