@@ -139,3 +139,27 @@ def test_the_node_that_holds_the_culprit_names_it_with_its_node_and_the_waiting_
     assert inc.summary.startswith("rank 3 on node-b (pid 702) is not in the collective its peers wait in"), inc.summary
     assert "ranks 0, 1 on node-a wait in a collective too" in inc.summary, inc.summary
     assert inc.evidence["culprits"] == [{"rank": 3, "node": "node-b", "pid": 702}]
+
+
+def test_a_recorded_trace_keeps_the_other_nodes_ranks_and_its_replay_gives_the_same_diagnosis(tmp_path):
+    from hangd.analysis.engine import Analyzer
+    from hangd.trace import TraceReader, TraceWriter
+
+    node = _node_a()
+    node.name = "node-a"
+    node.remote = lambda t: [_b(2, True, "waiting_peer", "blocked in a collective", t - 1),
+                             _b(3, False, "straggler", "asleep (hrtimer_nanosleep)", t - 1)]
+    recorded = []
+    step = node.an.step
+    node.an.step = lambda snap: (recorded.append(snap), step(snap))[1]  # type: ignore[method-assign]
+    node.run(30)
+    with TraceWriter(tmp_path / "t", {"scenario": "fleet"}) as w:
+        for snap in recorded:
+            w.write(snap)
+    again = list(TraceReader(tmp_path / "t").snapshots())
+    assert [s.remote for s in again] == [s.remote for s in recorded] and again[-1].node == "node-a"
+    replayed = Analyzer()
+    for snap in again:
+        replayed.step(snap)
+    (live,), (inc,) = node.an.incidents(), replayed.incidents()
+    assert inc.summary == live.summary and inc.culprit_ranks == [3], inc.summary
