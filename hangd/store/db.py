@@ -24,6 +24,7 @@ from __future__ import annotations
 import fcntl
 import json
 import logging
+import math
 import os
 import socket
 import subprocess
@@ -719,8 +720,12 @@ class Store:
             # the ranks of a job that spans nodes carry what the other nodes diagnose with (their
             # progress moves often: written only for those, so a single node writes as before)
             fleet = "waits" in p
+            # last progress moves on every tick of a working rank: written to the heartbeat's
+            # resolution, a rank's row changes once a heartbeat, not once a tick
+            lp = p.get("last_progress") if fleet else None
+            lp = math.floor(lp / self.heartbeat_s) * self.heartbeat_s if lp is not None else None
             vals = (job, p.get("rank"), p.get("state"), p.get("since"), p.get("reason"),
-                    p.get("world_size") if fleet else None, p.get("last_progress") if fleet else None,
+                    p.get("world_size") if fleet else None, lp,
                     p.get("waits") if fleet else None, p.get("reading") if fleet else None)
             cur = rows.get(pid)
             if cur is not None and cur[1] == vals:

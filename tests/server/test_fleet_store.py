@@ -147,3 +147,48 @@ def test_hangd_status_job_prints_the_whole_job_from_the_database(fleet, postgres
     assert [n["stale"] for n in doc["nodes"] if n["node"] == b.hostname] == [True]
     missing = run_hangd("status", "--job", "rdzv:nowhere:1", "--db", postgres_url, check=False)
     assert missing.returncode == 3 and "no job rdzv:nowhere:1" in missing.stderr
+
+
+def test_nodes_writing_the_same_hangs_at_once_leave_one_incident_per_job(fleet):
+    """Both nodes open the hang of the same 20 jobs at the same moment, from two threads: the
+    unique open key decides, the loser joins the winner's row (no failed batch, no duplicate)."""
+    import threading
+
+    (a, b), job = fleet
+    t = time.time()
+    for st in (a, b):
+        st.submit(Batch(t=t))
+    keys = [f"{job}-{i}" for i in range(20)]
+
+    def write(st: Store, base: int) -> None:
+        for i, k in enumerate(keys):
+            st.submit(Batch(t=t, incidents=[_hang((base + i) * ID_STRIDE + st.node_id, k, t, st.hostname)],
+                            spanning={k}))
+    threads = [threading.Thread(target=write, args=(st, 10)) for st in (a, b)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert a.healthy and b.healthy and not a.pending and not b.pending, (a.last_error, b.last_error)
+    with a.Session() as s:
+        per_job = dict(s.execute(select(m.Incident.job, func.count()).where(m.Incident.job.in_(keys))
+                                 .group_by(m.Incident.job)).all())
+    assert per_job == {k: 1 for k in keys}, per_job
+
+
+def test_a_working_rank_s_progress_is_written_once_a_heartbeat(fleet):
+    from sqlalchemy import event
+
+    (a, _), job = fleet
+    t = 1_000_000.0
+    seen: list[str] = []
+    for i in range(8):  # a tick every 0.25 s with progress on every tick; the heartbeat is 0.5 s
+        procs = _ranks(job, {0: (101, "busy", False)}, t)
+        procs[0]["last_progress"] = t + i * 0.25
+        if i == 1:
+            event.listen(a.engine, "before_cursor_execute",
+                         lambda _c, _cur, stmt, *_: seen.append(" ".join(stmt.split()[:2])))
+        a.submit(Batch(t=t + i * 0.25, processes=procs, spanning={job}))
+    # ticks 1..7: the progress written moves at 0.5, 1.0 and 1.5 s, not on every tick
+    assert seen.count("UPDATE processes") == 3, seen
+    assert a.remote_ranks([job]) == []  # a node does not read its own ranks as another node's
