@@ -69,7 +69,6 @@ class Daemon:
             log.error("store not readable at start: not adopting open incidents, numbering new ones from %d: %s",
                       int(time.time()), str(e).splitlines()[0][:200])
         self._spanning: set[str] = set()
-        self.remote_read_failures = 0
         if self.store.shared:
             # nodes sharing the database number their incidents apart
             self.analyzer.book.number_by(ID_STRIDE, self.store.node_id)
@@ -115,15 +114,16 @@ class Daemon:
 
     def _attach_remote(self, snap: Snapshot) -> None:
         """The ranks other nodes report for this node's jobs that span nodes: the snapshot's
-        remote part. A failed read leaves it out (the analysis keeps the last it had)."""
+        remote part, as the store's writer thread last read them (never a read on this thread).
+        While the database cannot be read (nothing read for node_stale_s), there are none: this
+        node then diagnoses alone rather than call the other nodes silent."""
         snap.node = self.store.hostname
+        self.store.want_remote(self._spanning)
         if not self._spanning:
             return
-        try:
-            snap.remote = self.store.remote_ranks(sorted(self._spanning), time.time())
-        except SQLAlchemyError as e:
-            self.remote_read_failures += 1
-            log.warning("could not read the other nodes' ranks: %s", str(e).splitlines()[0][:200])
+        got = self.store.cached_remote()
+        fresh = got is not None and time.time() - got[0] <= self.settings.node_stale_s
+        snap.remote = [r for r in got[1] if r.job in self._spanning] if got is not None and fresh else []
 
     @property
     def tick_failures(self) -> int:

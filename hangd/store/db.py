@@ -336,6 +336,9 @@ class Store:
         # this node's incident id -> the id of the row it joined (another node opened it first)
         self._alias: dict[int, int] = {}
         self._joined: set[int] = set()
+        self._remote_jobs: set[str] = set()
+        self._remote: tuple[float, list[RemoteRank]] | None = None
+        self.remote_read_failures = 0
         self._upgrade = upgrade_apart if migrate_apart else upgrade
         self.lock: _Lock | None = _Lock(url, hostname or socket.gethostname()) if exclusive else None
         self._migrated = not migrate
@@ -526,6 +529,36 @@ class Store:
         if self.pending or self._acks:
             with self._lock:
                 self._flush()
+        self._read_remote()
+
+    # The other nodes' ranks are read here, by the writer thread, after its writes: a database that
+    # is slow or gone must never stall the sampling loop, which only takes what was last read.
+
+    def want_remote(self, jobs: set[str]) -> None:
+        """The jobs (keys) whose ranks on other nodes the loop wants from now on."""
+        with self._overlay_lock:
+            self._remote_jobs = set(jobs)
+
+    def cached_remote(self) -> tuple[float, list[RemoteRank]] | None:
+        """The other nodes' ranks as last read: (when, ranks), or None when never read."""
+        with self._overlay_lock:
+            return self._remote
+
+    def _read_remote(self) -> None:
+        with self._overlay_lock:
+            jobs = sorted(self._remote_jobs)
+        if not jobs or not self.shared or not self.healthy:
+            return
+        try:
+            ranks = self.remote_ranks(jobs, time.time())
+        except (SQLAlchemyError, OSError) as e:
+            self.remote_read_failures += 1
+            if time.time() - self._last_log > 60:
+                self._last_log = time.time()
+                log.warning("could not read the other nodes' ranks: %s", str(e).splitlines()[0][:200])
+            return
+        with self._overlay_lock:
+            self._remote = (time.time(), ranks)
 
     def _forget(self, b: Batch) -> None:
         """Drop a written (or dropped) batch's incidents from the overlay, unless a newer batch has them."""
@@ -614,6 +647,11 @@ class Store:
             open_key = f"{d['job']}/{family}"[:300] if self.shared and d["job"] in b.spanning and \
                 d.get("resolved_at") is None else None
             inc = s.get(m.Incident, self._alias.get(d["id"], d["id"]))
+            if inc is not None and inc.node_id != self.node_id and d["id"] not in self._alias and inc.job != d["job"]:
+                # another node's incident under this id (numbered apart by node id % ID_STRIDE, so only
+                # past ID_STRIDE nodes): this one goes under a free id of this node's own
+                self._alias[d["id"]] = self._free_id(s)
+                inc = None
             if inc is None and open_key is not None:
                 inc = self._join(s, d, open_key)
             if inc is not None and inc.node_id != self.node_id:
@@ -631,7 +669,7 @@ class Store:
             if inc is None:
                 try:
                     with s.begin_nested():  # a savepoint: another node may take the open_key first
-                        inc = m.Incident(id=d["id"], node_id=self.node_id, open_key=open_key)
+                        inc = m.Incident(id=self._alias.get(d["id"], d["id"]), node_id=self.node_id, open_key=open_key)
                         self._fill_incident(inc, d, family, open_key)
                         s.add(inc)
                         s.flush()
@@ -642,6 +680,10 @@ class Store:
                     self._note_join(joined, d, b.t)
                 continue
             self._fill_incident(inc, d, family, open_key)
+
+    def _free_id(self, s: Session) -> int:
+        top = int(s.scalar(select(func.max(m.Incident.id))) or 0) + 1
+        return top + (self.node_id - top) % ID_STRIDE
 
     def _join(self, s: Session, d: dict[str, Any], open_key: str) -> m.Incident | None:
         """Another node's open incident of the same job and family: this node's becomes its alias."""

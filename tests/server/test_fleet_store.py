@@ -192,3 +192,17 @@ def test_a_working_rank_s_progress_is_written_once_a_heartbeat(fleet):
     # ticks 1..7: the progress written moves at 0.5, 1.0 and 1.5 s, not on every tick
     assert seen.count("UPDATE processes") == 3, seen
     assert a.remote_ranks([job]) == []  # a node does not read its own ranks as another node's
+
+
+def test_an_id_another_node_already_holds_never_overwrites_its_incident(fleet):
+    """Past ID_STRIDE nodes two nodes' numbering meets: the second goes under a free id of its own."""
+    (a, b), job = fleet
+    t = time.time()
+    same = 50 * ID_STRIDE + a.node_id
+    a.submit(Batch(t=t, incidents=[_hang(same, job + "-a", t, "a's")]))
+    b.submit(Batch(t=t, incidents=[_hang(same, job + "-b", t, "b's")]))
+    b.submit(Batch(t=t + 1, incidents=[_hang(same, job + "-b", t, "b's, updated")]))
+    assert a.healthy and b.healthy, (a.last_error, b.last_error)
+    (ra,), (rb,) = _hangs_in_db(a, job + "-a"), _hangs_in_db(a, job + "-b")
+    assert ra.id == same and ra.summary == "a's" and ra.node_id == a.node_id
+    assert rb.id != same and rb.id % ID_STRIDE == b.node_id % ID_STRIDE and rb.summary == "b's, updated"
