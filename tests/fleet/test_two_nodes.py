@@ -14,6 +14,7 @@ user namespace), and processes join it with ``nsenter --user --preserve-credenti
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -106,8 +107,15 @@ class NodeNs:
         psutil.wait_procs(orphans, timeout=5)
 
     def close(self) -> None:
-        self.init.kill()  # the namespace's init: the kernel ends everything in it
+        """Kill the namespace's init (not unshare, its parent): the kernel then ends everything in
+        the namespace, hangd and ranks alike; unshare and the nsenters exit with their children."""
+        try:
+            os.kill(self.pid1, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         self.init.wait(10)
+        for p in self.procs:
+            p.wait(10)
 
 
 def torchrun(node: NodeNs, node_rank: int, port: int, tag: str, *args: str) -> subprocess.Popen:
@@ -127,6 +135,9 @@ def fleet(tmp_path_factory, postgres_url) -> Iterator[dict]:  # noqa: F811 - the
     finally:
         for ns in nodes.values():
             ns.close()
+        left = [p for ns in nodes.values() for p in (ns.pid1, *(x.pid for x in ns.procs)) if psutil.pid_exists(p)
+                and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        assert not left, f"processes of the nodes left running: {left}"
 
 
 def _wait(pred, timeout: float, what: str, logs: list[Path]) -> object:
