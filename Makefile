@@ -23,13 +23,15 @@ $(VENV)/.test-installed: pyproject.toml | $(BIN)/python
 run: $(VENV)/.installed
 	$(BIN)/hangd serve $(ARGS)
 
-# Debian packages the tests use: promtool/prometheus, PostgreSQL, systemd-analyze.
+# Debian packages the tests use: promtool/prometheus, PostgreSQL, systemd-analyze, unshare/nsenter (the
+# two-node test makes each node a PID namespace).
 deps:
 	@missing=""; \
 	command -v promtool >/dev/null || missing="$$missing prometheus"; \
 	command -v pg_ctlcluster >/dev/null || [ -x /usr/lib/postgresql/*/bin/initdb ] 2>/dev/null || missing="$$missing postgresql"; \
 	command -v systemd-analyze >/dev/null || missing="$$missing systemd"; \
 	command -v ps >/dev/null || missing="$$missing procps"; \
+	command -v nsenter >/dev/null && command -v unshare >/dev/null || missing="$$missing util-linux"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing Debian packages:$$missing"; \
 		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \

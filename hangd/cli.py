@@ -11,12 +11,13 @@ import json
 import logging
 import os
 import sys
+import time
 from typing import Any, NoReturn
 
 from hangd import __version__, exitcodes
 from hangd.config import ConfigError, Settings, load_settings, seconds_arg
 from hangd.exitcodes import EPILOG, CannotRun
-from hangd.redact import RedactingFormatter, redact_text
+from hangd.redact import RedactingFormatter, redact_text, redact_url
 
 
 class _Parser(argparse.ArgumentParser):
@@ -48,11 +49,35 @@ def _dump(doc: Any) -> None:
     print(json.dumps(doc, indent=1, default=str))
 
 
+def _status_job(args: argparse.Namespace) -> int:
+    from hangd.status import render_job
+    from hangd.store.db import Store
+
+    s = _settings(args, db=args.db)
+    store = Store(s.db, migrate=False, register=False, heartbeat_s=s.heartbeat_s, node_stale_s=s.node_stale_s)
+    try:
+        job = store.fleet_jobs(args.job).get(args.job)
+        incidents = store.list_incidents(status="open", job=args.job)[1] if job is not None else []
+    finally:
+        store.close()
+    if job is None:
+        _warn(f"no job {args.job} in {redact_url(s.db)} (a job that spans nodes, reported by a node in the last hour)")
+        return exitcodes.CANNOT_RUN
+    job["incidents"] = incidents
+    if args.json:
+        _dump(job)
+    else:
+        print(render_job(job, time.time()))
+    return exitcodes.FOUND if incidents else exitcodes.OK
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from hangd.status import collect_status, nothing_to_watch, render_status, status_found
 
     if args.seconds <= 0:
         raise ConfigError("--seconds must be > 0")
+    if args.job:
+        return _status_job(args)
     s = _settings(args)
     _quiet_source_logs(args)
     st = collect_status(s, seconds=args.seconds)
@@ -184,6 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--json", action="store_true", help="one JSON document instead of the table, e.g. hangd status --json")
     st.add_argument("--seconds", type=seconds_arg(0, 3600), default=2.0, metavar="S",
                     help="observe this long to measure rates (default 2), e.g. --seconds 5")
+    st.add_argument("--job", metavar="KEY", help="the whole job as every node reports it, from the database the nodes "
+                    "share (--db or the configured one), e.g. --job rdzv:10.0.0.1:29500")
+    st.add_argument("--db", metavar="URL", help="with --job: the database, e.g. --db postgresql+psycopg://hangd@db/hangd")
     st.set_defaults(func=cmd_status)
 
     rec = sub.add_parser("record", help="record the node as a hangd-trace/1 bundle", **_help(

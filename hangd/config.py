@@ -188,6 +188,12 @@ class Settings(BaseSettings):
     # this many processes are exported (the rest are counted in hangd_series_dropped_total)
     metrics_gone_after_s: Annotated[float, _seconds(0, 30 * DAY)] = 300.0
     metrics_max_processes: Annotated[int, Field(ge=1, le=1_000_000)] = 1000
+    # a fleet sharing one PostgreSQL: this node's name in it (default: the host name), how often
+    # it reports that it is alive, and how old another node's last report may get before that
+    # node counts as stopped (named in the job's view, never blamed)
+    node_name: Annotated[str | None, Field(min_length=1, max_length=255)] = None
+    heartbeat_s: Annotated[float, _seconds(0, 3600, lo_open=True)] = 2.0
+    node_stale_s: Annotated[float, _seconds(0, DAY, lo_open=True)] = 15.0
 
     def host_port(self) -> tuple[str, int]:
         host, sep, port = self.listen.rpartition(":")

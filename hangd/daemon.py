@@ -20,7 +20,7 @@ log = logging.getLogger("hangd.daemon")
 
 def thresholds_from(settings: Settings) -> Thresholds:
     return Thresholds(hang_gpu_s=settings.hang_gpu_s, hang_host_s=settings.hang_host_s, hang_io_s=settings.hang_io_s,
-                      gone_process_s=settings.gone_after_s)
+                      gone_process_s=settings.gone_after_s, node_stale_s=settings.node_stale_s)
 
 
 class Loop:
@@ -38,10 +38,14 @@ class Loop:
         self.tick_failures = 0
         self.last_failure: tuple[float, str] | None = None  # (when, the exception's line)
         self.lock = lock or threading.RLock()
+        # fills in what comes from elsewhere than this node (other nodes' ranks from a shared store)
+        self.before_step: Callable[[Snapshot], None] | None = None
 
     def tick(self) -> tuple[Snapshot, list[StateChange], list[Incident]]:
         t0 = time.perf_counter()
         snap = self.node.sample()
+        if self.before_step is not None:
+            self.before_step(snap)
         with self.lock:
             changes = self.analyzer.step(snap)
             self.node.request(self.analyzer.take_requests())

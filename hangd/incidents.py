@@ -108,6 +108,17 @@ class IncidentBook:
         self._fingerprint: dict[int, tuple[Any, ...]] = {}
         self._marked_at: dict[int, float] = {}
         self.opened_by_kind: dict[str, int] = {}  # incidents opened since start, by kind (a counter)
+        # a database several nodes share: each numbers its incidents id % id_step == id_offset
+        self.id_step = 1
+        self.id_offset = 0
+
+    def number_by(self, step: int, offset: int) -> None:
+        """Number new incidents ``offset``, ``offset + step``, ... (from next_id on)."""
+        self.id_step, self.id_offset = max(1, step), offset % max(1, step)
+        self._align()
+
+    def _align(self) -> None:
+        self.next_id += (self.id_offset - self.next_id) % self.id_step
 
     @property
     def all(self) -> list[Incident]:
@@ -147,6 +158,7 @@ class IncidentBook:
                        acked=bool(d.get("acked")))
         self.adopted[(inc.job, inc.family)] = inc
         self.next_id = max(self.next_id, inc.id + 1)
+        self._align()
         return inc
 
     def get(self, job: str, family: str) -> Incident | None:
@@ -164,7 +176,7 @@ class IncidentBook:
             return old
         inc = Incident(id=self.next_id, kind=kind, job=job, opened_at=t, severity=SEVERITY.get(kind, "warning"),
                        next_step=NEXT_STEP.get(kind, ""), updated_at=t, **kw)
-        self.next_id += 1
+        self.next_id += self.id_step
         inc.timeline.append({"t": round(t, 3), "event": "opened", "kind": kind})
         self.open[(job, inc.family)] = inc
         self.opened_by_kind[kind] = self.opened_by_kind.get(kind, 0) + 1

@@ -163,6 +163,24 @@ class RasReport:
 
 
 @dataclass(slots=True)
+class RemoteRank:
+    """A rank of a job that spans nodes, as the hangd of the node it runs on last reported it to
+    the shared store. The daemon reads these rows and hands them in with the snapshot; analysis
+    never reads the store. Times are Unix seconds of that node's clock."""
+
+    job: str
+    node: str
+    rank: int | None
+    pid: int
+    state: str | None
+    reason: str | None
+    waits: bool | None  # blocked in a collective, waiting for a peer (that node's judgement)
+    last_progress: float | None
+    reported_at: float  # that node's hangd's last heartbeat
+    reading: str | None = None  # what the rank does on its own, in words, as that node judged it
+
+
+@dataclass(slots=True)
 class Action:
     what: str
     pid: int | None = None
@@ -183,6 +201,10 @@ class Snapshot:
     actions: list[Action] = field(default_factory=list)
     # source name -> "unavailable: <why>" for sources that could not read this time
     unavailable: dict[str, str] = field(default_factory=dict)
+    # the ranks other nodes report for the jobs that span nodes (from a shared store); None when
+    # there is no shared store, or it could not be read this time
+    remote: list[RemoteRank] | None = None
+    node: str | None = None  # this node's name among the nodes sharing a store (None: alone)
 
     def is_empty(self) -> bool:
         return not (

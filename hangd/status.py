@@ -177,6 +177,27 @@ def _render_incidents(st: dict[str, Any]) -> list[str]:
     return out
 
 
+def render_job(job: dict[str, Any], now: float) -> str:
+    """A job that spans nodes, as every node reports it: its nodes, its ranks, its open incidents."""
+    parts = ", ".join(f"{k}={v}" for k, v in (job.get("identity") or {}).items())
+    lines = [f"JOB {job['job']} ({job.get('spans_nodes') or 'one node'}; key from {parts or '-'}), world size "
+             f"{job.get('world_size') or '-'}"]
+    for n in job["nodes"]:
+        said = f"last report {iso_local(n['last_report'])} ({ago(n['last_report'], now)})"
+        lines.append(f"  {n['node']}: {'NO REPORT since ' + iso_local(n['last_report']) if n['stale'] else said}; "
+                     f"ranks {', '.join(sorted(n['ranks'], key=int)) or '-'}")
+    lines.append(f"{'RANK':>5} {'NODE':<20} {'PID':>7} {'STATE':<13} {'IN-COLL':<7} {'LAST-PROGRESS':<14} WHY")
+    for r, x in sorted(job["fleet_ranks"].items(), key=lambda kv: int(kv[0])):
+        lp = ago(x["last_progress"], now) if x.get("last_progress") else "-"
+        waits = "-" if x.get("waits") is None else ("yes" if x["waits"] else "no")
+        lines.append(f"{r:>5} {x['node'][:20]:<20} {x['pid']:>7} {str(x.get('state') or '-'):<13} {waits:<7} {lp:<14} "
+                     f"{str(x.get('reason') or '')[:120]}")
+    for inc in job.get("incidents") or []:
+        lines.append("")
+        lines.extend(render_incident(inc, now))
+    return "\n".join(lines)
+
+
 def render_incident(inc: dict[str, Any], now: float) -> list[str]:
     """An incident as a person on call reads it: what, since when, who, and what to do next."""
     state = "open" if inc.get("resolved_at") is None else f"resolved {iso_local(inc['resolved_at'])}"

@@ -28,6 +28,7 @@ from hangd.snapshot import (
     ProcInfo,
     ProcSample,
     RasReport,
+    RemoteRank,
     Snapshot,
     StackSample,
     ThreadStack,
@@ -140,6 +141,8 @@ _GPU_HINTS = _hints(GpuSample, skip=("procs",))
 _PROC_HINTS = _hints(ProcSample)
 _INFO_HINTS = _hints(ProcInfo)
 _GPUPROC_HINTS = _hints(GpuProc)
+_REMOTE_HINTS = _hints(RemoteRank)
+_REMOTE_REQUIRED = _required(RemoteRank) - {"rank", "state", "reason", "waits", "last_progress"}
 # the fields of the other event kinds, as the format (tests/data/traces/FORMAT.md) defines them
 _EVENT_HINTS: dict[str, dict[str, Any]] = {
     "file": {"path": str, "size": int | None},
@@ -149,11 +152,13 @@ _EVENT_HINTS: dict[str, dict[str, Any]] = {
     "nccl_ras": {"format": str, "file": str | None},
     "action": {"what": str, "pid": int | None},
     "unavailable": {"source": str, "why": str},
+    "remote": {"node": str | None, "ranks": list[dict[str, Any]]},
 }
 _EVENT_REQUIRED: dict[str, set[str]] = {
     "gpu": _required(GpuSample), "proc": _required(ProcSample), "proc_info": _required(ProcInfo),
     "file": {"path"}, "stack": {"pid"}, "fr_dump": set(), "nccl_ras": set(), "action": {"what"},
     "unavailable": {"source", "why"},
+    "remote": {"ranks"},
 }
 _META_HINTS: dict[str, Any] = {
     "format": str, "t_start": float | None, "t_end": float | None, "log_files": dict[str, str] | None,
@@ -293,6 +298,11 @@ class TraceReader:
                             raise TraceError(f"{where} (gpu): 'procs' must be a list of objects")
                         for p in procs or []:
                             _check_fields(p, _GPUPROC_HINTS, {"pid"}, f"{where} (gpu procs)")
+                    if kind == "remote":
+                        if not all(isinstance(r, dict) for r in ev["ranks"]):
+                            raise TraceError(f"{where} (remote): 'ranks' must be a list of objects")
+                        for r in ev["ranks"]:
+                            _check_fields(r, _REMOTE_HINTS, _REMOTE_REQUIRED, f"{where} (remote ranks)")
                 yield ev
 
     def snapshots(self) -> Iterator[Snapshot]:
@@ -398,6 +408,10 @@ class TraceReader:
             snap.actions.append(Action(what=str(ev.get("what")), pid=ev.get("pid")))
         elif kind == "unavailable":
             snap.unavailable[str(ev.get("source"))] = str(ev.get("why"))
+        elif kind == "remote":
+            # what other nodes reported of the jobs that span nodes, as the live daemon read it
+            snap.node = ev.get("node")
+            snap.remote = [RemoteRank(**_pick(r, _REMOTE_HINTS)) for r in ev["ranks"]]
 
 
 # ---------------------------------------------------------------- snapshots -> events
@@ -506,6 +520,9 @@ class TraceWriter:
             self._emit({"t": t, "kind": "action", "what": a.what, "pid": a.pid})
         for source, why in snap.unavailable.items():
             self._emit({"t": t, "kind": "unavailable", "source": source, "why": redact_text(why)})
+        if snap.remote is not None:
+            self._emit({"t": t, "kind": "remote", "node": snap.node,
+                        "ranks": [redact_obj(_clean(dataclasses.asdict(r))) for r in snap.remote]})
 
     def close(self) -> None:
         self._out.close()

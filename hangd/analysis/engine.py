@@ -38,7 +38,7 @@ from hangd.analysis.views import JobTrack, JobView, ProcTrack
 from hangd.evidence import Requests, decode_evidence
 from hangd.flightrec.analyze import Finding, analyze
 from hangd.incidents import Incident, IncidentBook
-from hangd.snapshot import GpuSample, Snapshot
+from hangd.snapshot import GpuSample, RemoteRank, Snapshot
 
 log = logging.getLogger("hangd.analysis")
 
@@ -62,7 +62,11 @@ class Analyzer:
         self.unreadable = 0  # evidence files (flight-recorder dumps) that could not be decoded
         self._pid_job: dict[int, str] = {}
         self._unattributed: dict[int, float] = {}
-        self.env = Env(self.th, self.view, self.tracks, self.progress, self.book)
+        # the ranks other nodes report for the jobs that span nodes (the newest a snapshot brought)
+        self.remote: dict[str, list[RemoteRank]] = {}
+        self.node_name: str | None = None  # this node's name in a fleet (it names ranks "rank 3 on node-b")
+        self.last_t = 0.0  # the time of the newest snapshot
+        self.env = Env(self.th, self.view, self.tracks, self.progress, self.book, node=lambda: self.node_name)
 
     # ------------------------------------------------------------------ public surface
 
@@ -70,6 +74,13 @@ class Analyzer:
         """Feed one snapshot; the state changes it caused."""
         decode_evidence(snap)  # sources decode already; a hand-made snapshot may not have
         self.view.feed(snap)
+        self.last_t = snap.t
+        if snap.node is not None:
+            self.node_name = snap.node
+        if snap.remote is not None:
+            self.remote = {}
+            for rr in snap.remote:
+                self.remote.setdefault(rr.job, []).append(rr)
         t = snap.t
         for pid in self.view.new_stacks:
             self._stack_arrived(pid, t)
@@ -148,7 +159,10 @@ class Analyzer:
                     continue
                 s = self.signals.get(pid)
                 pr = self.progress.of(pid)
-                out.append({"pid": pid, "rank": job.ranks[pid], "rank_from": job.rank_source.get(pid), "job": job.id,
+                # a rank of a job that spans nodes also says what the other nodes diagnose with
+                fleet = {"world_size": job.world_size, "waits": p.reading.local.waits_for_peer,
+                         "reading": p.reading.why} if job.spans_nodes else {}
+                out.append({**fleet, "pid": pid, "rank": job.ranks[pid], "rank_from": job.rank_source.get(pid), "job": job.id,
                             "state": str(p.state), "since": round(p.since, 3), "reason": p.reason,
                             "gpus": s.gpu_indexes if s else [],
                             # missing is not zero: without any GPU reading, GPU memory is unknown
@@ -160,6 +174,24 @@ class Analyzer:
         return out
 
     process_states = processes  # the older name
+
+    def job_nodes(self) -> dict[str, dict[str, tuple[float, int]]]:
+        """Per job that spans nodes, in a fleet: every node that reports it -> (its last report,
+        its ranks of the job). This node's last report is its last snapshot."""
+        out: dict[str, dict[str, tuple[float, int]]] = {}
+        if self.node_name is None:
+            return out
+        for job in self.job_defs.values():
+            if not job.spans_nodes:
+                continue
+            nodes = out[job.id] = {self.node_name: (self.last_t, len(job.ranks))}
+            for r in self.remote.get(job.id, []):
+                nodes[r.node] = (r.reported_at, nodes.get(r.node, (0.0, 0))[1] + 1)
+        return out
+
+    def spanning_jobs(self) -> set[str]:
+        """The jobs (keys) with ranks on other nodes."""
+        return {j.id for j in self.job_defs.values() if j.spans_nodes}
 
     def cmdline(self, pid: int) -> list[str] | None:
         """The command line of a watched process (secrets already redacted at the source)."""
@@ -185,7 +217,9 @@ class Analyzer:
             out.append({"job": job.id, "name": job.name, "state": str(state), "ranks": {str(r): p for p, r in job.ranks.items()},
                         "rank_from": {str(r): job.rank_source.get(p) for p, r in job.ranks.items()},
                         "identity": job.key_parts, "world_size": job.world_size, "launcher": job.launcher,
-                        "last_progress": round(max(lasts), 3) if lasts else None})
+                        "last_progress": round(max(lasts), 3) if lasts else None,
+                        # only for a job with ranks on other nodes: a single node's views stay as they were
+                        **({"spans_nodes": job.spans_nodes} if job.spans_nodes else {})})
         return out
 
     job_states = jobs  # the older name
@@ -383,7 +417,13 @@ class Analyzer:
             firsts = [self.view.procs[pid].first_seen for pid in live]
             last = min(firsts) if firsts else t
         jv = JobView(job=job, track=tr, t=t, live=live, sigs=sigs, readings=readings, quiet=t - last,
-                     last_progress=last, last_strong=last_strong)
+                     last_progress=last, last_strong=last_strong,
+                     remote=self.remote.get(job.id, []) if job.spans_nodes else [], node_stale_s=th.node_stale_s)
+        if live:
+            # a rank on another node that progresses makes the job progress (ranks here may wait for it)
+            remote_last = max((r.last_progress for r in jv.remote_fresh if r.last_progress is not None), default=None)
+            if remote_last is not None and remote_last > jv.last_progress:
+                jv.last_progress, jv.quiet = remote_last, max(0.0, t - remote_last)
         orphans = {pid for pid in live if orphan.is_orphaned(self.view, pid)}
 
         exited_inc = exits.step(self.env, jv)

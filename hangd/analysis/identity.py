@@ -8,6 +8,14 @@ use port 29500), the launcher process is part of the key. Processes started with
 (an inference server's ``multiprocessing`` workers, which get their rank as an argument) are one
 job when they are siblings of one launcher. Two processes with the same rank are never one job.
 
+A job whose ranks run on several nodes (its world size is larger than this launch's ranks:
+torchrun ``--nnodes`` sets ``LOCAL_WORLD_SIZE`` below ``WORLD_SIZE`` and ``GROUP_WORLD_SIZE`` above
+one; Slurm sets ``SLURM_NNODES``) must get the same key on every node, so its key is made only of
+what every node's ranks share: the scheduler's ids (``SLURM_JOB_ID``, a Kubernetes JobSet name in
+``JOBSET_NAME``), a run id that is not the default, the rendezvous ``MASTER_ADDR:MASTER_PORT`` (with
+c10d rendezvous, the address and port that node rank 0 published in the rendezvous store) and the
+restart count; never the launcher, which is another process on every node.
+
 A rank process is one that holds its own GPU memory, has a rank of its own in its environment, or
 runs torch.distributed's gloo/NCCL threads, and is not a child that inherited a rank's environment
 (data-loader and compile workers). What the ancestors hold does not matter: a notebook or server
@@ -44,6 +52,7 @@ class Job:
     launcher: int | None = None
     world_size: int | None = None
     distributed: bool = False  # several ranks, or a world size above 1: a peer exists to wait for
+    spans_nodes: str | None = None  # why its ranks are only part of the job (the others run on other nodes)
 
     @property
     def pids(self) -> list[int]:
@@ -200,13 +209,38 @@ def _rank_of(h: ProcHistory, fr_ranks: dict[int, int], log_ranks: dict[int, int]
     return None
 
 
+def _int(env: dict[str, str], k: str) -> int | None:
+    v = env.get(k, "").strip()
+    return int(v) if v.isdigit() else None
+
+
+def spans_nodes(env: dict[str, str]) -> str | None:
+    """Why a rank's job has ranks on other nodes too (from its own environment), or None."""
+    world, local = _int(env, "WORLD_SIZE"), _int(env, "LOCAL_WORLD_SIZE")
+    if world is not None and local is not None and world > local:
+        return f"WORLD_SIZE {world} > LOCAL_WORLD_SIZE {local}"
+    groups = _int(env, "GROUP_WORLD_SIZE")
+    if groups is not None and groups > 1:
+        return f"GROUP_WORLD_SIZE {groups}"
+    nodes = _int(env, "SLURM_NNODES") or _int(env, "SLURM_JOB_NUM_NODES")
+    if nodes is not None and nodes > 1:
+        return f"SLURM_NNODES {nodes}"
+    world, local = _int(env, "OMPI_COMM_WORLD_SIZE"), _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE")
+    if world is not None and local is not None and world > local:
+        return f"OMPI_COMM_WORLD_SIZE {world} > OMPI_COMM_WORLD_LOCAL_SIZE {local}"
+    return None
+
+
 def _key(view: NodeView, h: ProcHistory) -> tuple[str, dict[str, str]]:
     """The launch a rank belongs to, and what the key was made of."""
     env = env_of(h)
     parts: dict[str, str] = {}
     launcher = h.first_ppid if h.first_ppid and h.first_ppid > 1 else None
+    multi = spans_nodes(env)
     if env.get("SLURM_JOB_ID"):
         parts["slurm_job"] = env["SLURM_JOB_ID"] + (f".{env['SLURM_STEP_ID']}" if env.get("SLURM_STEP_ID") else "")
+    if multi and env.get("JOBSET_NAME"):
+        parts["jobset"] = env["JOBSET_NAME"]
     run_id = env.get("TORCHELASTIC_RUN_ID")
     if run_id is not None and run_id.strip().lower() not in DEFAULT_RUN_IDS:
         parts["run_id"] = run_id
@@ -217,20 +251,22 @@ def _key(view: NodeView, h: ProcHistory) -> tuple[str, dict[str, str]]:
         parts["restart"] = restart
     if parts:
         unique = "slurm_job" in parts or "run_id" in parts
-        if not unique and launcher is not None:
+        if not unique and launcher is not None and not multi:
             # plain torchrun: run id "none", the same port every time; one launch = one launcher
             parts["launcher"] = str(launcher)
         # short and readable (it is a metrics label too): the most specific part, then the restart
         # and the launcher where they are part of the key; the parts themselves are in /jobs
         if "slurm_job" in parts:
             key = f"slurm:{parts['slurm_job']}"
+        elif "jobset" in parts:
+            key = f"jobset:{parts['jobset']}"
         elif "run_id" in parts:
             key = f"te:{parts['run_id']}"
         else:
             key = f"rdzv:{parts['rendezvous']}"
         key += (f"/r{parts['restart']}" if "restart" in parts else "") + \
             (f"@{parts['launcher']}" if "launcher" in parts else "")
-        name = parts.get("run_id") or parts.get("slurm_job") or parts.get("rendezvous") or key
+        name = parts.get("run_id") or parts.get("slurm_job") or parts.get("jobset") or parts.get("rendezvous") or key
         return key, {**parts, "name": name}
     if launcher is not None and launcher in view.procs:
         return f"launcher:{launcher}", {"launcher": str(launcher), "name": f"launcher {launcher}"}
@@ -275,6 +311,7 @@ def group_jobs(view: NodeView, th: Thresholds | None = None, fr_ranks: dict[int,
             ws = env_of(h).get("WORLD_SIZE")
             if ws and ws.isdigit():
                 job.world_size = int(ws)
+            job.spans_nodes = job.spans_nodes or (spans_nodes(env_of(h)) if "launcher" not in parts else None)
         _assign_ranks(view, job, hs, fr_ranks)
         parents = {h.first_ppid for h in hs}
         if len(parents) == 1:

@@ -94,6 +94,9 @@ class Thresholds:
     gone_process_s: float = 120.0  # a gone process stays listed this long
     max_incidents_in_memory: int = 500  # resolved incidents kept in memory (the store keeps all)
     max_findings_in_memory: int = 500
+    # a job that spans nodes: another node whose hangd last reported longer ago than this has
+    # stopped reporting; its ranks are named as unknown, never blamed
+    node_stale_s: float = 15.0
     max_changes_in_memory: int = 2000
 
 

@@ -11,6 +11,7 @@ from hangd.analysis import stackcat
 from hangd.analysis.identity import Job
 from hangd.analysis.model import Local, Reading, State
 from hangd.analysis.signals import ProcSignals
+from hangd.snapshot import RemoteRank
 
 
 @dataclass
@@ -38,6 +39,7 @@ class Culprit:
     pids: list[int]
     strength: int  # flight recorder 4 > stopped / RAS 3 > stack or state 2 > inferred 1
     source: str
+    remote: list[RemoteRank] = field(default_factory=list)  # ranks on other nodes, as their node reports them
 
 
 @dataclass
@@ -77,6 +79,17 @@ class JobView:
     quiet: float  # seconds since any rank progressed
     last_progress: float
     last_strong: float | None
+    # a job that spans nodes: its ranks on other nodes, as those nodes' hangd last reported them
+    remote: list[RemoteRank] = field(default_factory=list)
+    node_stale_s: float = 15.0
+
+    def remote_stale(self, r: RemoteRank) -> bool:
+        """Its node's hangd stopped reporting: what it said last is not evidence any more."""
+        return r.reported_at < self.t - self.node_stale_s
+
+    @property
+    def remote_fresh(self) -> list[RemoteRank]:
+        return [r for r in self.remote if not self.remote_stale(r) and r.state != "gone"]
 
     def with_local(self, *kinds: Local) -> set[int]:
         return {p for p in self.live if self.readings[p].local in kinds}

@@ -69,7 +69,8 @@ def _serve(args: argparse.Namespace) -> int:
     from hangd.server import http
 
     s = load_settings(flags={"listen": args.listen, "db": args.db, "interval": args.interval, "replay": args.replay,
-                             "speed": args.speed, "log_json": args.log_json or None, "token_file": args.token_file},
+                             "speed": args.speed, "log_json": args.log_json or None, "token_file": args.token_file,
+                             "node_name": args.node_name},
                       config_path=getattr(args, "config", None))
     host, port = s.host_port()
     token = s.resolved_token()
@@ -115,7 +116,8 @@ def _run(s: Settings, sock: socket.socket, token: str | None, loopback: bool, te
     _setup_logging(s.log_json, s.log_level)
     log = logging.getLogger("hangd.serve")
     try:
-        store = Store(s.db, exclusive=True, migrate_apart=True)
+        store = Store(s.db, hostname=s.node_name, exclusive=True, migrate_apart=True, heartbeat_s=s.heartbeat_s,
+                      node_stale_s=s.node_stale_s)
     except StoreInUse as e:
         raise ServeError(str(e)) from e
     except Exception as e:  # noqa: BLE001 - one line for the operator, not a traceback
@@ -192,6 +194,8 @@ def add_commands(sub: Any, help_: Callable[[str, str], dict[str, Any]]) -> None:
                     "e.g. --token-file /etc/hangd/token")
     sv.add_argument("--log-json", action="store_true", help="structured JSON logs on stderr, one object a line, "
                     "e.g. hangd serve --log-json 2>&1 | jq -r .msg")
+    sv.add_argument("--node-name", metavar="NAME", help="this node's name in a database several nodes share "
+                    "(default: the host name), e.g. --node-name gpu-node-07")
     sv.set_defaults(func=cmd_serve)
     db = sub.add_parser("db", help="database migrations", **help_(
         "Database migrations (Alembic). `hangd serve` upgrades on start; these are for doing it by hand.",

@@ -138,6 +138,26 @@ class HangdCollector(Collector):
         for j in jobs:
             ranks.add_metric([j["job"]], float(len(j["ranks"])))
         yield ranks
+        yield from self._fleet()
+
+    def _fleet(self) -> Iterator[Metric]:
+        """Jobs that span nodes, in a fleet sharing a database: each node of the job as this node
+        knows it. Absent on a lone node (no series to keep for nothing)."""
+        with self.d.lock:
+            nodes = self.d.analyzer.job_nodes()
+        if not nodes:
+            return
+        last = GaugeMetricFamily("hangd_job_node_last_report_timestamp_seconds",
+                                 "Jobs that span nodes: when each node's hangd last reported the job (Unix seconds; "
+                                 "this node: its last tick).", labels=["hangd_job", "node"])
+        count = GaugeMetricFamily("hangd_job_node_ranks", "Jobs that span nodes: the ranks each node reports.",
+                                  labels=["hangd_job", "node"])
+        for job, per_node in sorted(nodes.items()):
+            for node, (t, n) in sorted(per_node.items()):
+                last.add_metric([job, node], float(t))
+                count.add_metric([job, node], float(n))
+        yield last
+        yield count
 
     def _incidents(self) -> Iterator[Metric]:
         with self.d.lock:

@@ -19,10 +19,18 @@ from hangd.incidents import Incident
 from hangd.replay import paced
 from hangd.snapshot import Snapshot
 from hangd.sources.base import CollectorStats
-from hangd.store.db import Batch, Store
+from hangd.store.db import ID_STRIDE, Batch, Store
 from hangd.trace import TraceReader
 
 log = logging.getLogger("hangd.serve")
+
+
+def _severity(state: str) -> int:
+    from hangd.analysis.model import SEVERITY_ORDER, State
+    try:
+        return int(SEVERITY_ORDER[State(state)])
+    except (ValueError, KeyError):
+        return -1
 ADOPT_GRACE_S = 60.0  # an incident open before a restart that is not seen again this long is resolved
 RETENTION_EVERY_S = 3600.0
 
@@ -60,6 +68,12 @@ class Daemon:
             self.analyzer.adopt([], int(time.time()))
             log.error("store not readable at start: not adopting open incidents, numbering new ones from %d: %s",
                       int(time.time()), str(e).splitlines()[0][:200])
+        self._spanning: set[str] = set()
+        if self.store.shared:
+            # nodes sharing the database number their incidents apart
+            self.analyzer.book.number_by(ID_STRIDE, self.store.node_id)
+            if self.loop is not None:
+                self.loop.before_step = self._attach_remote
 
     # ------------------------------------------------------------------ loop
 
@@ -98,6 +112,19 @@ class Daemon:
             if self.store.needs_rewrite:
                 self.store.submit(self._rewrite_batch(self.last_snapshot_t or time.time()))
 
+    def _attach_remote(self, snap: Snapshot) -> None:
+        """The ranks other nodes report for this node's jobs that span nodes: the snapshot's
+        remote part, as the store's writer thread last read them (never a read on this thread).
+        While the database cannot be read (nothing read for node_stale_s), there are none: this
+        node then diagnoses alone rather than call the other nodes silent."""
+        snap.node = self.store.hostname
+        self.store.want_remote(self._spanning)
+        if not self._spanning:
+            return
+        got = self.store.cached_remote()
+        fresh = got is not None and time.time() - got[0] <= self.settings.node_stale_s
+        snap.remote = [r for r in got[1] if r.job in self._spanning] if got is not None and fresh else []
+
     @property
     def tick_failures(self) -> int:
         """Ticks that failed since start: the live loop's, or the replay's."""
@@ -129,7 +156,10 @@ class Daemon:
             incidents = incidents + self.analyzer.drain()
             batch = self._rewrite_batch(snap.t, incidents) if rewrite else Batch(t=snap.t, incidents=[i.to_dict() for i in incidents])
             batch.changes = [{k: v for k, v in c.to_dict().items() if k != "evidence"} for c in changes]
-            if now - self._last_full_write >= 10 or changes or rewrite:
+            self._spanning = batch.spanning = self.analyzer.spanning_jobs()
+            # a shared database: every batch carries the ranks (the store writes those that changed
+            # and moves the others' last_seen with the heartbeat)
+            if now - self._last_full_write >= 10 or changes or rewrite or (self.store.shared and self._spanning):
                 self._last_full_write = now
                 batch.processes = self.analyzer.processes()
                 batch.jobs = self.analyzer.jobs()
@@ -149,7 +179,8 @@ class Daemon:
         with self.lock:
             incs = {i.id: i for i in [*self.analyzer.incidents(open_only=True), *(changed or [])]}
             return Batch(t=t, incidents=[i.to_dict() for i in incs.values()],
-                         processes=self.analyzer.processes(), jobs=self.analyzer.jobs())
+                         processes=self.analyzer.processes(), jobs=self.analyzer.jobs(),
+                         spanning=self.analyzer.spanning_jobs())
 
     def _resolve_stale_adopted(self, t: float, now: float) -> None:
         if not self.analyzer.has_adopted() or now - self.started_at < ADOPT_GRACE_S:
@@ -162,6 +193,46 @@ class Daemon:
             self.thread.join(timeout=10)
 
     # ------------------------------------------------------------------ views for the API
+
+    def jobs_view(self, key: str | None = None) -> list[dict[str, Any]]:
+        """This node's jobs; with a shared database, a job that spans nodes as the whole fleet
+        reports it (every node's ranks, where each is, when its node last reported, the nodes that
+        stopped reporting), and such jobs that have no rank on this node too."""
+        with self.lock:
+            local = [j for j in self.analyzer.jobs() if key is None or j["job"] == key]
+            open_by_job: dict[str, list[int]] = {}
+            for inc in self.analyzer.incidents(open_only=True):
+                open_by_job.setdefault(inc.job, []).append(inc.id)
+        out = [{**j, "open_incidents": sorted(open_by_job.get(j["job"], []))} for j in local]
+        if not self.store.shared:
+            return out
+        try:
+            fleet = self.store.fleet_jobs(key)
+        except SQLAlchemyError as e:
+            log.warning("could not read the fleet's jobs: %s", str(e).splitlines()[0][:200])
+            return out
+        here = {j["job"]: j for j in out}
+        for k, f in fleet.items():
+            j = here.get(k)
+            if j is None:  # no rank of it on this node
+                j = {"job": k, "name": f["name"], "state": None, "ranks": {}, "rank_from": {}, "identity": f["identity"],
+                     "world_size": f["world_size"], "launcher": None, "last_progress": None,
+                     "spans_nodes": f["spans_nodes"], "open_incidents": []}
+                out.append(j)
+            states = [s for s in [j.get("state"), *f["states"]] if s]
+            j["state"] = max(states, key=_severity) if states else None
+            ranks = f["fleet_ranks"]
+            j["ranks"] = {**{r: x["pid"] for r, x in ranks.items()}, **j["ranks"]}
+            j["rank_nodes"] = {r: x["node"] for r, x in ranks.items()}
+            j["fleet_ranks"] = ranks
+            lasts = [x for x in [j.get("last_progress"), *(r["last_progress"] for r in ranks.values())] if x]
+            j["last_progress"] = max(lasts) if lasts else None
+            j["nodes"] = f["nodes"]
+            j["stopped_reporting"] = [f"{n['node']}: no report since {time.strftime('%H:%M:%S', time.localtime(n['last_report']))}"
+                                      for n in f["nodes"] if n["stale"]]
+            # the fleet's open incidents (one per job and family, whichever node opened it)
+            j["open_incidents"] = sorted(f["open_incidents"])
+        return out
 
     def collector_stats(self) -> dict[str, CollectorStats]:
         if self.loop is None:

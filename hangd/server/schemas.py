@@ -89,6 +89,23 @@ class ProcessOut(BaseModel):
         return iso_field(self.last_progress)
 
 
+class JobNode(BaseModel):
+    node: str
+    last_report: float = Field(description="when that node's hangd last reported (Unix seconds, its clock)")
+    stale: bool = Field(description="its hangd stopped reporting: its ranks are not judged, never blamed")
+    ranks: dict[str, int] = Field(description="rank -> pid on that node")
+
+
+class FleetRank(BaseModel):
+    node: str
+    pid: int
+    state: str | None = None
+    reason: str | None = None
+    last_progress: float | None = None
+    waits: bool | None = Field(default=None, description="blocked in a collective, waiting for a peer")
+    reported_at: float
+
+
 class JobOut(BaseModel):
     job: str
     name: str
@@ -100,6 +117,12 @@ class JobOut(BaseModel):
     launcher: int | None = None
     last_progress: float | None = None
     open_incidents: list[int] = []
+    spans_nodes: str | None = Field(default=None, description="why the job has ranks on other nodes (absent: one node)")
+    nodes: list[JobNode] | None = Field(default=None, description="a job that spans nodes, with a shared database: "
+                                        "every node that reports it")
+    rank_nodes: dict[str, str] | None = Field(default=None, description="rank -> the node it runs on")
+    fleet_ranks: dict[str, FleetRank] | None = Field(default=None, description="rank -> where it is, as its node reports")
+    stopped_reporting: list[str] | None = Field(default=None, description="nodes of the job whose hangd stopped reporting")
 
     @computed_field(description="last_progress as ISO-8601 (local time with offset)")  # type: ignore[prop-decorator]
     @property

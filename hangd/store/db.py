@@ -9,6 +9,14 @@ incidents (and acknowledgements) on the database's rows, so every endpoint tells
 One hangd writes one database: ``hangd serve`` takes an exclusive lock (a ``flock`` on
 ``<db>.lock`` for SQLite, a session advisory lock for PostgreSQL) and a second one refuses to
 start instead of overwriting the first one's incidents (both number incidents from the same max).
+
+PostgreSQL is shared by a fleet: the lock is per node name, so every node's hangd writes the
+same database, each its own rows (``node_id``). Each node numbers its incidents in a residue class
+of its own (``id % ID_STRIDE == node_id % ID_STRIDE``), writes its ranks with a heartbeat (the
+node's ``last_seen``, moved every ``heartbeat_s``), and reads the other nodes' ranks of the jobs
+that span nodes (``remote_ranks``). An open incident of such a job holds ``open_key``, unique: the
+first node to write it owns the row; another node that sees the same hang joins that row (its
+own incident is an alias of it) and writes it only once the owner stopped reporting.
 """
 
 from __future__ import annotations
@@ -16,12 +24,14 @@ from __future__ import annotations
 import fcntl
 import json
 import logging
+import math
 import os
 import socket
 import subprocess
 import sys
 import threading
 import time
+import zlib
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,12 +51,13 @@ from sqlalchemy import (
     text,
     update,
 )
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, defer, sessionmaker
 from sqlalchemy.pool import NullPool
 
 from hangd.incidents import FAMILY
 from hangd.redact import redact_obj, redact_text
+from hangd.snapshot import RemoteRank
 from hangd.store import models as m
 
 log = logging.getLogger("hangd.store")
@@ -55,8 +66,12 @@ MAX_PENDING = 20_000
 FILE_CHECK_EVERY_S = 2.0
 LOCK_CHECK_EVERY_S = 10.0
 TOUCH_EVERY_S = 10.0  # how stale the last_seen of an unchanged process, job, GPU or node row may get
-# pg_try_advisory_lock key: "hangd" as an integer; one per database
-PG_LOCK_KEY = int.from_bytes(b"hangd", "big")
+# pg_try_advisory_lock keys: "hgd" as an integer, then the node name's CRC: one hangd per node name
+PG_LOCK_KEY = int.from_bytes(b"hgd", "big")
+ID_STRIDE = 1024  # incident ids of a shared database: node_id % ID_STRIDE, then every ID_STRIDE
+HEARTBEAT_S = 2.0  # a shared database: how often a node's last_seen (and its ranks' rows) move
+NODE_STALE_S = 15.0  # a shared database: a node whose last_seen is older has stopped reporting
+NODE_FORGET_S = 3600.0  # a node silent longer than this is not listed with a job any more
 LIST_FIELDS = ("evidence", "findings", "timeline")
 # the tables written with Core statements (many rows in one executemany, no ORM objects)
 PROCESSES = cast(Table, m.Process.__table__)
@@ -225,6 +240,7 @@ class Batch:
     jobs: list[dict[str, Any]] | None = None
     gpus: list[dict[str, Any]] | None = None
     seq: int = 0  # set when queued
+    spanning: set[str] = field(default_factory=set)  # the jobs (keys) with ranks on other nodes
 
 
 class _Lock:
@@ -264,16 +280,18 @@ class _Lock:
                                         connect_args={"application_name": f"hangd {who}"[:63],
                                                       "connect_timeout": PG_CONNECT_TIMEOUT_S})
             self.conn = self.engine.connect()
-            got = self.conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": PG_LOCK_KEY}).scalar()
+            node_key = zlib.crc32(hostname.encode()) - (1 << 31)  # int4, as the two-key form takes
+            got = self.conn.execute(text("SELECT pg_try_advisory_lock(:k, :n)"), {"k": PG_LOCK_KEY, "n": node_key}).scalar()
             self.conn.commit()
             if not got:
                 holder = self.conn.execute(text(
                     "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
-                    "WHERE l.locktype = 'advisory' AND l.granted AND a.application_name LIKE 'hangd%' LIMIT 1")).scalar()
+                    "WHERE l.locktype = 'advisory' AND l.granted AND a.application_name LIKE :who LIMIT 1"),
+                    {"who": f"hangd pid % on {hostname}"[:63] + "%"}).scalar()
                 self.close()
                 db = url.rsplit("/", 1)[-1].split("?", 1)[0]
-                raise StoreInUse(f"db {db}: already in use by another hangd ({holder or 'unknown'}); stop it, or give "
-                                 "this node its own database")
+                raise StoreInUse(f"db {db}: already in use by another hangd for node {hostname} ({holder or 'unknown'}); "
+                                 "stop it, or give this one another --node-name")
 
     def alive(self) -> bool:
         """For PostgreSQL: whether the session that holds the lock is still there."""
@@ -303,10 +321,24 @@ class _Lock:
 
 class Store:
     def __init__(self, url: str, hostname: str | None = None, migrate: bool = True, exclusive: bool = False,
-                 migrate_apart: bool = False) -> None:
+                 migrate_apart: bool = False, heartbeat_s: float = HEARTBEAT_S, node_stale_s: float = NODE_STALE_S,
+                 register: bool = True) -> None:
         """``exclusive``: take the database's one-writer lock (``hangd serve``), or raise StoreInUse.
-        ``migrate_apart``: run the migrations in a child interpreter (``upgrade_apart``; the daemon)."""
+        ``migrate_apart``: run the migrations in a child interpreter (``upgrade_apart``; the daemon).
+        ``heartbeat_s``, ``node_stale_s``: for a shared (PostgreSQL) database, how often this node
+        says it is alive, and how old another node's last word may be before it counts as stopped.
+        ``register``: False for a reader (``hangd status --job``) that is no node of the fleet."""
         self.url = url
+        self.shared = url.startswith("postgresql")
+        self.touch_every_s = heartbeat_s if self.shared else TOUCH_EVERY_S
+        self.heartbeat_s = heartbeat_s
+        self.node_stale_s = node_stale_s
+        # this node's incident id -> the id of the row it joined (another node opened it first)
+        self._alias: dict[int, int] = {}
+        self._joined: set[int] = set()
+        self._remote_jobs: set[str] = set()
+        self._remote: tuple[float, list[RemoteRank]] | None = None
+        self.remote_read_failures = 0
         self._upgrade = upgrade_apart if migrate_apart else upgrade
         self.lock: _Lock | None = _Lock(url, hostname or socket.gethostname()) if exclusive else None
         self._migrated = not migrate
@@ -361,7 +393,8 @@ class Store:
         try:
             if self._start_error is not None:
                 raise _StartError(self._start_error)
-            self.node_id = self._node()
+            if register:
+                self.node_id = self._node()
         except (SQLAlchemyError, _StartError) as e:  # a full disk or a locked file at start: serve anyway, write later
             self.healthy = False
             self.last_error = self._start_error or f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
@@ -496,6 +529,36 @@ class Store:
         if self.pending or self._acks:
             with self._lock:
                 self._flush()
+        self._read_remote()
+
+    # The other nodes' ranks are read here, by the writer thread, after its writes: a database that
+    # is slow or gone must never stall the sampling loop, which only takes what was last read.
+
+    def want_remote(self, jobs: set[str]) -> None:
+        """The jobs (keys) whose ranks on other nodes the loop wants from now on."""
+        with self._overlay_lock:
+            self._remote_jobs = set(jobs)
+
+    def cached_remote(self) -> tuple[float, list[RemoteRank]] | None:
+        """The other nodes' ranks as last read: (when, ranks), or None when never read."""
+        with self._overlay_lock:
+            return self._remote
+
+    def _read_remote(self) -> None:
+        with self._overlay_lock:
+            jobs = sorted(self._remote_jobs)
+        if not jobs or not self.shared or not self.healthy:
+            return
+        try:
+            ranks = self.remote_ranks(jobs, time.time())
+        except (SQLAlchemyError, OSError) as e:
+            self.remote_read_failures += 1
+            if time.time() - self._last_log > 60:
+                self._last_log = time.time()
+                log.warning("could not read the other nodes' ranks: %s", str(e).splitlines()[0][:200])
+            return
+        with self._overlay_lock:
+            self._remote = (time.time(), ranks)
 
     def _forget(self, b: Batch) -> None:
         """Drop a written (or dropped) batch's incidents from the overlay, unless a newer batch has them."""
@@ -566,7 +629,7 @@ class Store:
             s.execute(insert(STATE_CHANGES), [
                 {"node_id": self.node_id, "t": c["t"], "pid": c["pid"], "rank": c.get("rank"), "job": c.get("job"),
                  "state": c["state"], "reason": redact_text(c["reason"])} for c in b.changes])
-        touch = b.t - self._touched_at >= TOUCH_EVERY_S or b.t < self._touched_at
+        touch = b.t - self._touched_at >= self.touch_every_s or b.t < self._touched_at
         procs, jobs = b.processes, b.jobs  # read once: a newer batch queued meanwhile may take them
         if procs is not None:
             self._write_processes(s, procs, b.t, touch)
@@ -580,20 +643,80 @@ class Store:
 
     def _write_incidents(self, s: Session, b: Batch) -> None:
         for d in b.incidents:
-            inc = s.get(m.Incident, d["id"])
+            family = FAMILY.get(d["kind"], d["kind"])
+            open_key = f"{d['job']}/{family}"[:300] if self.shared and d["job"] in b.spanning and \
+                d.get("resolved_at") is None else None
+            inc = s.get(m.Incident, self._alias.get(d["id"], d["id"]))
+            if inc is not None and inc.node_id != self.node_id and d["id"] not in self._alias and inc.job != d["job"]:
+                # another node's incident under this id (numbered apart by node id % ID_STRIDE, so only
+                # past ID_STRIDE nodes): this one goes under a free id of this node's own
+                self._alias[d["id"]] = self._free_id(s)
+                inc = None
+            if inc is None and open_key is not None:
+                inc = self._join(s, d, open_key)
+            if inc is not None and inc.node_id != self.node_id:
+                if not self._stale(s, inc.node_id, b.t):
+                    self._note_join(inc, d, b.t)
+                    continue  # the node that opened it tells the story while it reports
+                # that node stopped reporting: this one carries on, keeping what the row already says
+                before, opened = list(inc.timeline or []), inc.opened_at
+                inc.node_id = self.node_id
+                self._fill_incident(inc, d, family, open_key)
+                inc.opened_at = min(opened, inc.opened_at) if opened is not None and inc.opened_at is not None else opened
+                inc.timeline = [*before, {"t": round(b.t, 3), "event": f"{self.hostname} took over: the node that "
+                                          "opened it stopped reporting"}]
+                continue
             if inc is None:
-                inc = m.Incident(id=d["id"], node_id=self.node_id)
-                s.add(inc)
-            for k in ("kind", "severity", "job", "opened_at", "updated_at", "resolved_at", "hang_started_at", "pids",
-                      "ranks", "culprit_pids", "culprit_ranks"):
-                setattr(inc, k, d.get(k))
-            # what is stored outlives the process and is served to anyone with the token: the
-            # words and evidence are redacted again here, whatever the analysis already did
-            for k in ("summary", "next_step", "evidence", "findings", "timeline"):
-                setattr(inc, k, redact_obj(d.get(k)))
-            inc.family = FAMILY.get(d["kind"], d["kind"])
-            inc.status = "open" if d.get("resolved_at") is None else "resolved"
-            inc.acked = bool(inc.acked) or bool(d.get("acked"))  # an acknowledgement is never taken back
+                try:
+                    with s.begin_nested():  # a savepoint: another node may take the open_key first
+                        inc = m.Incident(id=self._alias.get(d["id"], d["id"]), node_id=self.node_id, open_key=open_key)
+                        self._fill_incident(inc, d, family, open_key)
+                        s.add(inc)
+                        s.flush()
+                except IntegrityError:
+                    joined = self._join(s, d, open_key) if open_key is not None else None
+                    if joined is None:
+                        raise
+                    self._note_join(joined, d, b.t)
+                continue
+            self._fill_incident(inc, d, family, open_key)
+
+    def _free_id(self, s: Session) -> int:
+        top = int(s.scalar(select(func.max(m.Incident.id))) or 0) + 1
+        return top + (self.node_id - top) % ID_STRIDE
+
+    def _join(self, s: Session, d: dict[str, Any], open_key: str) -> m.Incident | None:
+        """Another node's open incident of the same job and family: this node's becomes its alias."""
+        row = s.scalar(select(m.Incident).where(m.Incident.open_key == open_key))
+        if row is not None and row.node_id != self.node_id:
+            self._alias[d["id"]] = row.id
+            return row
+        return None
+
+    def _note_join(self, inc: m.Incident, d: dict[str, Any], t: float) -> None:
+        if d["id"] in self._joined:
+            return
+        self._joined.add(d["id"])
+        inc.timeline = [*(inc.timeline or []), {"t": round(t, 3), "event": f"also seen by {self.hostname}: "
+                                                f"{redact_text(d.get('summary') or '')[:300]}"}]
+
+    def _stale(self, s: Session, node_id: int, t: float) -> bool:
+        last = s.scalar(select(NODES.c.last_seen).where(NODES.c.id == node_id))
+        return last is None or last < t - self.node_stale_s
+
+    def _fill_incident(self, inc: m.Incident, d: dict[str, Any], family: str, open_key: str | None) -> None:
+        for k in ("kind", "severity", "job", "opened_at", "updated_at", "resolved_at", "hang_started_at", "pids",
+                  "ranks", "culprit_pids", "culprit_ranks"):
+            setattr(inc, k, d.get(k))
+        # what is stored outlives the process and is served to anyone with the token: the
+        # words and evidence are redacted again here, whatever the analysis already did
+        for k in ("summary", "next_step", "evidence", "findings", "timeline"):
+            setattr(inc, k, redact_obj(d.get(k)))
+        inc.family = family
+        inc.status = "open" if d.get("resolved_at") is None else "resolved"
+        inc.acked = bool(inc.acked) or bool(d.get("acked"))  # an acknowledgement is never taken back
+        if open_key is not None or inc.status == "resolved":
+            inc.open_key = open_key
 
     def _forget_rows(self) -> None:
         """What the store believes is in the processes, jobs and gpus tables is read again from
@@ -629,19 +752,31 @@ class Store:
         # (SQLite keeps every text it prepared, ~25 KiB each, up to 128 per connection)
         for part in _padded(unknown):
             for r in s.execute(select(tbl.c.pid, tbl.c.first_seen, tbl.c.job, tbl.c.rank, tbl.c.state, tbl.c.since,
-                                      tbl.c.reason).where(tbl.c.node_id == self.node_id, tbl.c.pid.in_(part))
-                               .order_by(tbl.c.first_seen)):
-                rows[r.pid] = (r.first_seen, (r.job, r.rank, r.state, r.since, r.reason))
+                                      tbl.c.reason, tbl.c.world_size, tbl.c.last_progress, tbl.c.waits, tbl.c.reading)
+                               .where(tbl.c.node_id == self.node_id, tbl.c.pid.in_(part)).order_by(tbl.c.first_seen)):
+                rows[r.pid] = (r.first_seen, (r.job, r.rank, r.state, r.since, r.reason, r.world_size, r.last_progress,
+                                              r.waits, r.reading))
         new, changed, same = [], [], []
         for p in procs:
             pid, job = p["pid"], p.get("job")
-            vals = (job, p.get("rank"), p.get("state"), p.get("since"), p.get("reason"))
+            # the ranks of a job that spans nodes carry what the other nodes diagnose with (their
+            # progress moves often: written only for those, so a single node writes as before)
+            fleet = "waits" in p
+            # last progress moves on every tick of a working rank: written to the heartbeat's
+            # resolution, a rank's row changes once a heartbeat, not once a tick
+            lp = p.get("last_progress") if fleet else None
+            lp = math.floor(lp / self.heartbeat_s) * self.heartbeat_s if lp is not None else None
+            vals = (job, p.get("rank"), p.get("state"), p.get("since"), p.get("reason"),
+                    p.get("world_size") if fleet else None, lp,
+                    p.get("waits") if fleet else None, p.get("reading") if fleet else None)
             cur = rows.get(pid)
             if cur is not None and cur[1] == vals:
                 same.append({"b_pid": pid, "b_first": cur[0]})
                 continue
             row = {"job": job, "rank": vals[1], "state": vals[2], "since": vals[3],
-                   "reason": redact_text(vals[4]) if vals[4] else vals[4], "last_seen": t}
+                   "reason": redact_text(vals[4]) if vals[4] else vals[4], "world_size": vals[5],
+                   "last_progress": vals[6], "waits": vals[7],
+                   "reading": redact_text(vals[8]) if vals[8] else vals[8], "last_seen": t}
             if cur is None or cur[1][0] != job:  # a pid seen again in another job is another process
                 new.append(dict(row, node_id=self.node_id, pid=pid, first_seen=t))
                 rows[pid] = (t, vals)
@@ -655,7 +790,8 @@ class Store:
         ok = True
         if changed:
             ok = self._updated_all(s, update(tbl).where(*where).values(
-                {k: bindparam(k) for k in ("job", "rank", "state", "since", "reason", "last_seen")}), changed)
+                {k: bindparam(k) for k in ("job", "rank", "state", "since", "reason", "world_size", "last_progress",
+                                           "waits", "reading", "last_seen")}), changed)
         if touch and same:
             ok = self._updated_all(s, update(tbl).where(*where).values(last_seen=t), same) and ok
         if not ok and retry:  # a row went from under the store (retention): read them all again
@@ -667,18 +803,20 @@ class Store:
         rows = self._job_rows
         unknown = [j["job"] for j in jobs if j["job"] not in rows]
         for part in _padded(unknown):
-            for r in s.execute(select(tbl.c.key, tbl.c.name, tbl.c.state, tbl.c.ranks)
-                               .where(tbl.c.node_id == self.node_id, tbl.c.key.in_(part))):
-                rows[r.key] = (r.name, r.state, r.ranks)
+            for r in s.execute(select(tbl.c.key, tbl.c.name, tbl.c.state, tbl.c.ranks, tbl.c.world_size, tbl.c.identity,
+                                      tbl.c.spans_nodes).where(tbl.c.node_id == self.node_id, tbl.c.key.in_(part))):
+                rows[r.key] = (r.name, r.state, r.ranks, r.world_size, r.identity, r.spans_nodes)
         new, changed, same = [], [], []
         for j in jobs:
             key = j["job"]
-            vals = (j.get("name") or key, j.get("state"), j.get("ranks") or {})
+            vals = (j.get("name") or key, j.get("state"), j.get("ranks") or {}, j.get("world_size"), j.get("identity"),
+                    j.get("spans_nodes"))
             cur = rows.get(key, ...)
             if cur == vals:
                 same.append({"b_key": key})
                 continue
-            row = {"name": vals[0], "state": vals[1], "ranks": vals[2], "last_seen": t}
+            row = {"name": vals[0], "state": vals[1], "ranks": vals[2], "world_size": vals[3], "identity": vals[4],
+                   "spans_nodes": vals[5], "last_seen": t}
             if cur is ...:
                 new.append(dict(row, node_id=self.node_id, key=key, first_seen=t))
             else:
@@ -691,7 +829,8 @@ class Store:
         ok = True
         if changed:
             ok = self._updated_all(s, update(tbl).where(*where).values(
-                {k: bindparam(k) for k in ("name", "state", "ranks", "last_seen")}), changed)
+                {k: bindparam(k) for k in ("name", "state", "ranks", "world_size", "identity", "spans_nodes",
+                                           "last_seen")}), changed)
         if touch and same:
             ok = self._updated_all(s, update(tbl).where(*where).values(last_seen=t), same) and ok
         if not ok and retry:
@@ -886,6 +1025,72 @@ class Store:
             rows = s.scalars(select(m.Job).where(m.Job.node_id == self.node_id).order_by(m.Job.last_seen.desc()).limit(200))
             return [{"job": r.key, "name": r.name, "state": r.state, "ranks": r.ranks, "first_seen": r.first_seen,
                      "last_seen": r.last_seen} for r in rows]
+
+    # ------------------------------------------------------------------ the fleet (a shared database)
+
+    def _current(self, tbl: Table, now: float) -> list[Any]:
+        """Rows a node still lists: moved with its last heartbeat (a row of a process or job that
+        node no longer lists stops moving), of a node heard from within NODE_FORGET_S."""
+        return [tbl.c.last_seen >= NODES.c.last_seen - 2 * self.heartbeat_s - 1, NODES.c.last_seen >= now - NODE_FORGET_S]
+
+    def remote_ranks(self, jobs: list[str], now: float | None = None) -> list[RemoteRank]:
+        """The ranks other nodes report for these jobs: what the analysis of a job that spans
+        nodes needs of the ranks it cannot see."""
+        if not jobs or not self.shared:
+            return []
+        now = now or time.time()
+        tbl = PROCESSES
+        q = (select(tbl.c.job, NODES.c.hostname, tbl.c.rank, tbl.c.pid, tbl.c.state, tbl.c.reason, tbl.c.waits,
+                    tbl.c.last_progress, tbl.c.reading, NODES.c.last_seen.label("reported_at"))
+             .join(NODES, NODES.c.id == tbl.c.node_id)
+             .where(tbl.c.job.in_(sorted(set(jobs))), tbl.c.node_id != self.node_id, *self._current(tbl, now)))
+        with self.Session() as s:
+            return [RemoteRank(job=r.job, node=r.hostname, rank=r.rank, pid=r.pid, state=r.state, reason=r.reason,
+                               waits=r.waits, last_progress=r.last_progress, reported_at=r.reported_at, reading=r.reading)
+                    for r in s.execute(q)]
+
+    def fleet_jobs(self, key: str | None = None, now: float | None = None) -> dict[str, dict[str, Any]]:
+        """The jobs that span nodes as every node reports them: per job, its nodes (each with its
+        ranks and when it last reported, and whether it stopped), its ranks with their node, and
+        its open incidents. Empty for a database of one node."""
+        if not self.shared:
+            return {}
+        now = now or time.time()
+        J, P = JOBS, PROCESSES
+        jq = (select(J.c.key, J.c.name, J.c.state, J.c.world_size, J.c.identity, J.c.spans_nodes, NODES.c.hostname,
+                     NODES.c.last_seen.label("reported_at"))
+              .join(NODES, NODES.c.id == J.c.node_id).where(J.c.spans_nodes.is_not(None), *self._current(J, now)))
+        if key is not None:
+            jq = jq.where(J.c.key == key)
+        out: dict[str, dict[str, Any]] = {}
+        with self.Session() as s:
+            for r in s.execute(jq):
+                j = out.setdefault(r.key, {"job": r.key, "name": r.name, "states": [], "world_size": r.world_size,
+                                           "identity": r.identity or {}, "spans_nodes": r.spans_nodes, "nodes": {},
+                                           "fleet_ranks": {}, "open_incidents": []})
+                j["states"].append(r.state)
+                j["nodes"][r.hostname] = {"node": r.hostname, "last_report": r.reported_at,
+                                          "stale": r.reported_at < now - self.node_stale_s, "ranks": {}}
+            if not out:
+                return out
+            pq = (select(P.c.job, P.c.rank, P.c.pid, P.c.state, P.c.reason, P.c.last_progress, P.c.waits, NODES.c.hostname,
+                         NODES.c.last_seen.label("reported_at"))
+                  .join(NODES, NODES.c.id == P.c.node_id).where(P.c.job.in_(sorted(out)), *self._current(P, now)))
+            for pr in s.execute(pq):
+                j = out[pr.job]
+                node = j["nodes"].get(pr.hostname)
+                if node is None or pr.rank is None:
+                    continue
+                node["ranks"][str(pr.rank)] = pr.pid
+                j["fleet_ranks"][str(pr.rank)] = {"node": pr.hostname, "pid": pr.pid, "state": pr.state, "reason": pr.reason,
+                                                 "last_progress": pr.last_progress, "waits": pr.waits,
+                                                 "reported_at": pr.reported_at}
+            for iid, job in s.execute(select(m.Incident.id, m.Incident.job).where(m.Incident.job.in_(sorted(out)),
+                                                                                   m.Incident.status == "open")):
+                out[job]["open_incidents"].append(iid)
+        for j in out.values():
+            j["nodes"] = sorted(j["nodes"].values(), key=lambda n: n["node"])
+        return out
 
     def gpu_history(self, index: int, since: float) -> list[dict[str, Any]]:
         with self.Session() as s:

@@ -54,11 +54,14 @@ class Job(Base):
     ranks: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     first_seen: Mapped[float] = mapped_column(Float)
     last_seen: Mapped[float] = mapped_column(Float)
+    world_size: Mapped[int | None] = mapped_column(Integer)
+    identity: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # what the key was made of
+    spans_nodes: Mapped[str | None] = mapped_column(String(255))  # why it has ranks on other nodes
 
 
 class Process(Base):
     __tablename__ = "processes"
-    __table_args__ = (UniqueConstraint("node_id", "pid", "first_seen"),)
+    __table_args__ = (UniqueConstraint("node_id", "pid", "first_seen"), Index("ix_processes_job_last_seen", "job", "last_seen"))
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id"))
     pid: Mapped[int] = mapped_column(Integer)
@@ -69,6 +72,10 @@ class Process(Base):
     reason: Mapped[str | None] = mapped_column(Text)
     first_seen: Mapped[float] = mapped_column(Float)
     last_seen: Mapped[float] = mapped_column(Float)
+    world_size: Mapped[int | None] = mapped_column(Integer)
+    last_progress: Mapped[float | None] = mapped_column(Float)
+    waits: Mapped[bool | None] = mapped_column(Boolean)  # blocked in a collective, waiting for a peer
+    reading: Mapped[str | None] = mapped_column(Text)  # what the rank does on its own, in words (its state's why)
 
 
 class StateChange(Base):
@@ -86,7 +93,8 @@ class StateChange(Base):
 
 class Incident(Base):
     __tablename__ = "incidents"
-    __table_args__ = (Index("ix_incidents_status_opened", "status", "opened_at"), Index("ix_incidents_opened", "opened_at"))
+    __table_args__ = (Index("ix_incidents_status_opened", "status", "opened_at"), Index("ix_incidents_opened", "opened_at"),
+                      Index("ux_incidents_open_key", "open_key", unique=True))
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id"))
     kind: Mapped[str] = mapped_column(String(32), index=True)
@@ -109,6 +117,8 @@ class Incident(Base):
     evidence: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     findings: Mapped[list[Any]] = mapped_column(JSON, default=list)
     timeline: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    # "<job>/<family>" while open, for a job that spans nodes: one open incident per job in the fleet
+    open_key: Mapped[str | None] = mapped_column(String(300))
 
 
 class GpuMinute(Base):

@@ -68,6 +68,9 @@ class Node:
         self.pending_stacks: list[StackSample] = []
         self.gone: set[int] = set()
         self.changes: list = []
+        # ranks other nodes report (a shared store): given the tick's time, the snapshot's remote part
+        self.remote = None
+        self.name: str | None = None  # the node's name among nodes sharing a store
 
     def write_log(self, path: str, text: str) -> None:
         self.logs[path] = self.logs.get(path, 0) + len(text)
@@ -121,6 +124,9 @@ class Node:
         for path, size in self.logs.items():
             snap.files.append(FileSample(path=path, size=size, tail=self._tails.get(path)))
         snap.stacks, self.pending_stacks = self.pending_stacks, []
+        if self.remote is not None:
+            snap.remote = self.remote(self.t)
+            snap.node = self.name
         self.changes.extend(self.an.step(snap))
         self.an.take_requests()
 

@@ -108,3 +108,69 @@ def test_a_gpu_holding_child_with_its_own_gpu_and_nccl_threads_is_a_rank():
     node.run(4)
     (job,) = node.jobs()
     assert sorted(job["ranks"].values()) == [40, 41]
+
+
+def _node_env(rank: int, node_rank: int, **extra: str) -> dict[str, str]:
+    """What torchrun --nnodes 2 --nproc-per-node 2 gives a worker (local_elastic_agent's env): four
+    ranks, two per node, the rendezvous address of node rank 0."""
+    return torchrun_env(rank, 4, port=29400, LOCAL_RANK=str(rank % 2), LOCAL_WORLD_SIZE="2", GROUP_RANK=str(node_rank),
+                        GROUP_WORLD_SIZE="2", ROLE_RANK=str(rank), ROLE_WORLD_SIZE="4", **extra)
+
+
+def _two_node_job(launcher_a: int, launcher_b: int, **extra: str) -> tuple[Node, Node]:
+    """The same two-node job as each node sees it: other pids, other launchers, its own two ranks."""
+    a = Node([P(launcher_a, 1, {}, cmdline=["torchrun", "--nnodes", "2"]),
+              P(launcher_a + 1, launcher_a, _node_env(0, 0, **extra), gpu=0, look="work"),
+              P(launcher_a + 2, launcher_a, _node_env(1, 0, **extra), gpu=1, look="work")])
+    b = Node([P(launcher_b, 1, {}, cmdline=["torchrun", "--nnodes", "2"]),
+              P(launcher_b + 1, launcher_b, _node_env(2, 1, **extra), gpu=0, look="work"),
+              P(launcher_b + 2, launcher_b, _node_env(3, 1, **extra), gpu=1, look="work")])
+    for n in (a, b):
+        n.run(3)
+    return a, b
+
+
+def test_a_job_on_two_nodes_gets_the_same_key_on_both_made_of_what_they_share():
+    a, b = _two_node_job(100, 700)
+    (ja,), (jb,) = a.jobs(), b.jobs()
+    assert ja["job"] == jb["job"] == "rdzv:127.0.0.1:29400", (ja, jb)
+    assert ja["identity"] == jb["identity"] == {"rendezvous": "127.0.0.1:29400"}  # no launcher: it differs per node
+    assert ja["spans_nodes"] == "WORLD_SIZE 4 > LOCAL_WORLD_SIZE 2" and ja["world_size"] == 4
+    assert ja["ranks"] == {"0": 101, "1": 102} and jb["ranks"] == {"2": 701, "3": 702}
+
+
+def test_a_two_node_job_key_takes_the_run_id_restart_and_scheduler_ids():
+    a, b = _two_node_job(100, 700, TORCHELASTIC_RUN_ID="llama", TORCHELASTIC_RESTART_COUNT="1")
+    assert a.jobs()[0]["job"] == b.jobs()[0]["job"] == "te:llama/r1"
+    assert a.jobs()[0]["identity"] == {"run_id": "llama", "rendezvous": "127.0.0.1:29400", "restart": "1"}
+    a, b = _two_node_job(100, 700, SLURM_JOB_ID="4242", SLURM_NNODES="2")
+    assert a.jobs()[0]["job"] == b.jobs()[0]["job"] == "slurm:4242"
+    a, b = _two_node_job(100, 700, JOBSET_NAME="pretrain-7b")
+    assert a.jobs()[0]["job"] == b.jobs()[0]["job"] == "jobset:pretrain-7b"
+    assert a.jobs()[0]["identity"]["jobset"] == "pretrain-7b"
+
+
+def test_a_single_node_job_is_still_keyed_per_launch_and_says_nothing_of_nodes():
+    node = Node([P(100, 1), P(101, 100, torchrun_env(0, 2), gpu=0, look="work"),
+                 P(102, 100, torchrun_env(1, 2, LOCAL_WORLD_SIZE="2"), gpu=1, look="work")])
+    node.run(3)
+    (job,) = node.jobs()
+    assert job["job"] == "rdzv:127.0.0.1:29500@100" and job["identity"]["launcher"] == "100"
+    assert "spans_nodes" not in job
+
+
+def test_two_launches_of_one_multi_node_rank_on_one_node_are_still_two_jobs():
+    # the same rank twice under one rendezvous (a stale launch beside a new one): split by launcher
+    node = Node([P(10, 1), P(20, 1), P(11, 10, _node_env(0, 0), gpu=0, look="work"),
+                 P(21, 20, _node_env(0, 0), gpu=1, look="work")])
+    node.run(3)
+    jobs = node.jobs()
+    assert len(jobs) == 2 and all("spans_nodes" not in j for j in jobs), jobs
+
+
+def test_slurm_nodes_and_mpi_local_sizes_say_a_job_spans_nodes():
+    from hangd.analysis.identity import spans_nodes
+    assert spans_nodes({"SLURM_NNODES": "4"}) == "SLURM_NNODES 4"
+    assert spans_nodes({"OMPI_COMM_WORLD_SIZE": "16", "OMPI_COMM_WORLD_LOCAL_SIZE": "8"}).startswith("OMPI")
+    assert spans_nodes({"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "8", "SLURM_NNODES": "1"}) is None
+    assert spans_nodes({"WORLD_SIZE": "x", "LOCAL_WORLD_SIZE": "2"}) is None

@@ -46,6 +46,10 @@ def test_kubernetes_manifests_validate_against_the_schema():
     assert set(c["securityContext"]["capabilities"]["add"]) <= {"SYS_PTRACE", "DAC_READ_SEARCH", "DAC_OVERRIDE"}
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz" and c["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert spec["nodeSelector"]
+    env = {e["name"]: e for e in c["env"]}
+    # the shared database's URL (it holds a password) comes from a Secret, never from the manifest
+    assert env["HANGD_DB"]["valueFrom"]["secretKeyRef"] == {"name": "hangd-db", "key": "url", "optional": True}
+    assert env["HANGD_NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
 
 
 # The part of the Prometheus Operator's PodMonitor CRD schema (monitoring.coreos.com/v1) that we use.

@@ -11,7 +11,15 @@ import pytest
 from sqlalchemy import create_engine, event, inspect, text
 from sqlalchemy.exc import SQLAlchemyError
 
-from hangd.store.db import Batch, MigrationFailed, Store, downgrade, upgrade, upgrade_apart
+from hangd.store.db import (
+    TOUCH_EVERY_S,
+    Batch,
+    MigrationFailed,
+    Store,
+    downgrade,
+    upgrade,
+    upgrade_apart,
+)
 
 from ..conftest import ROOT, TRACES
 from .conftest import serve
@@ -87,7 +95,8 @@ GPU = {"index": 0, "uuid": "GPU-0", "name": "NVIDIA H200", "mem_total": 15075482
 
 
 def _rows_written_only_when_they_change(url: str, hostname: str) -> None:
-    st = Store(url, hostname=hostname)
+    # a fleet node (PostgreSQL) moves its rows with its heartbeat: at 10 s it writes as a lone node does
+    st = Store(url, hostname=hostname, heartbeat_s=TOUCH_EVERY_S)
     t = 1_000_000.0
     jobs = [{"job": "j", "name": "train", "state": "busy", "ranks": {"0": 100, "1": 101}}]
     st.submit(Batch(t=t, processes=_procs({100: "busy", 101: "busy", 102: "busy"}), jobs=jobs, gpus=[GPU]))
@@ -121,7 +130,7 @@ def _rows_written_only_when_they_change(url: str, hostname: str) -> None:
     st.close()
 
     # a restarted hangd carries on with the same rows instead of adding new ones
-    st = Store(url, hostname=hostname)
+    st = Store(url, hostname=hostname, heartbeat_s=TOUCH_EVERY_S)
     st.submit(Batch(t=t + 12, processes=_procs({100: "idle", 101: "hung"}) + _procs({102: "idle"}, job="k"),
                     jobs=[dict(jobs[0], state="idle")], gpus=[GPU]))
     procs = _rows(st, "processes", "pid, first_seen")

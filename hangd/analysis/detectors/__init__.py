@@ -3,7 +3,8 @@ its incidents through the one ``IncidentBook``; none reads /proc, NVML or anothe
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from hangd.analysis.progress import ProgressBook
 from hangd.analysis.signals import NodeView, Thresholds
@@ -20,3 +21,4 @@ class Env:
     tracks: dict[int, ProcTrack]
     progress: ProgressBook
     book: IncidentBook
+    node: Callable[[], str | None] = field(default=lambda: None)  # this node's name in a fleet, if any

@@ -9,11 +9,15 @@ The culprit, once found on evidence, is kept unless stronger evidence names anot
 
 from __future__ import annotations
 
+from typing import Any
+
 from hangd.analysis import report
 from hangd.analysis.detectors import Env
+from hangd.analysis.local import WAIT_VERDICTS
 from hangd.analysis.model import Local
 from hangd.analysis.views import Culprit, JobView
-from hangd.incidents import HANG_KINDS, IncidentKind
+from hangd.incidents import HANG_KINDS, Incident, IncidentKind
+from hangd.snapshot import RemoteRank
 
 FAMILY = "hang"
 
@@ -89,6 +93,10 @@ def _culprit(env: Env, jv: JobView) -> Culprit | None:
     waiting = jv.waiting | {p for p in tr.waiters if p in jv.live}
     if waiting:
         others = [p for p in jv.live if p not in waiting]
+        if job.spans_nodes:
+            # a rank whose last stack was in a collective is between two captures, not elsewhere: with
+            # ranks on other nodes, the one they all wait for may well be there
+            others = [p for p in others if not _stack_in_collective(env, p)]
         # a rank whose stack shows it somewhere else is the one they wait for; a rank with no stack
         # yet may just not have been captured (stacks of several ranks arrive over a few ticks)
         seen = [p for p in others if (tp := env.tracks.get(p)) is not None and tp.verdict_t is not None]
@@ -96,12 +104,54 @@ def _culprit(env: Env, jv: JobView) -> Culprit | None:
             return Culprit(jv.by_rank(seen), 2, "its peers wait for it in a collective; its stack is elsewhere")
         if others:
             return Culprit(jv.by_rank(others), 1, "its peers wait for it in a collective")
+        # every rank here waits: for a rank on another node that its node reports outside a collective
+        away = [r for r in jv.remote_fresh if r.waits is False]
+        if away:
+            return Culprit([], 1, "its peers wait for it in a collective; its node reports it outside one",
+                           remote=sorted(away, key=lambda r: (r.rank if r.rank is not None else 1 << 30, r.node)))
     return None
 
 
-def fill(env: Env, jv: JobView, inc: object) -> None:
-    from hangd.incidents import Incident
+def _stack_in_collective(env: Env, pid: int) -> bool:
+    tp = env.tracks.get(pid)
+    return tp is not None and tp.verdict_t is not None and tp.verdict.kind in WAIT_VERDICTS
 
+
+def _remote_name(r: RemoteRank) -> str:
+    return f"rank {r.rank} on {r.node} (pid {r.pid})"
+
+
+def _fleet(env: Env, jv: JobView, inc: Incident, parts: list[str], local_culprits: list[int],
+           remote_culprits: list[RemoteRank]) -> None:
+    """What the other nodes of a job that spans nodes add: their waiting ranks, the nodes that
+    stopped reporting (named, never blamed), and where every rank is."""
+    waiting = sorted((r for r in jv.remote_fresh if r.waits), key=lambda r: (r.rank or 0, r.node))
+    if waiting:
+        by_node: dict[str, list[str]] = {}
+        for r in waiting:
+            by_node.setdefault(r.node, []).append(str(r.rank))
+        parts.append("; ".join(f"rank{'s' if len(v) > 1 else ''} {', '.join(v)} on {n} wait{'' if len(v) > 1 else 's'} "
+                               "in a collective too" for n, v in by_node.items()))
+    nodes: dict[str, dict[str, Any]] = {}
+    for r in jv.remote:
+        n = nodes.setdefault(r.node, {"last_report": round(r.reported_at, 3), "stale": jv.remote_stale(r), "ranks": {}})
+        n["ranks"][str(r.rank)] = {"pid": r.pid, "state": r.state, "waits": r.waits}
+    for name, n in sorted(nodes.items()):
+        if n["stale"]:
+            ranks = ", ".join(sorted(n["ranks"], key=lambda x: int(x) if x.isdigit() else 1 << 30))
+            parts.append(f"{name}: no report since {report.clock(n['last_report'])} (rank{'s' if len(n['ranks']) > 1 else ''} "
+                         f"{ranks} not judged)")
+    inc.evidence["nodes"] = nodes
+    if remote_culprits:
+        inc.evidence["remote_culprits"] = [{"rank": r.rank, "node": r.node, "pid": r.pid, "state": r.state,
+                                            "reason": r.reason} for r in remote_culprits]
+    # every culprit with its node (a pid means something only on its node)
+    inc.evidence["culprits"] = [*({"rank": jv.job.ranks[p], "node": env.node(), "pid": p} for p in local_culprits),
+                                *({"rank": r.rank, "node": r.node, "pid": r.pid} for r in remote_culprits)]
+    inc.ranks = sorted({*inc.ranks, *(r.rank for r in jv.remote if r.rank is not None)})
+
+
+def fill(env: Env, jv: JobView, inc: object) -> None:
     assert isinstance(inc, Incident)
     job, tr = jv.job, jv.track
     tr.waiters |= jv.waiting
@@ -111,25 +161,35 @@ def fill(env: Env, jv: JobView, inc: object) -> None:
                             or not set(tr.culprit.pids) & alive):
         tr.culprit = new
     culprits = [p for p in (tr.culprit.pids if tr.culprit else []) if p in job.ranks]
+    if job.spans_nodes:
+        # a rank here blamed a moment ago that now waits in the collective with the others is not it
+        culprits = [p for p in culprits if p not in jv.readings or not jv.readings[p].local.waits_for_peer]
+    # a rank on another node stays the culprit while its node reports it outside a collective
+    fresh = {(r.node, r.rank): r for r in jv.remote_fresh}
+    remote_culprits = [fresh[(r.node, r.rank)] for r in (tr.culprit.remote if tr.culprit else [])
+                       if (r.node, r.rank) in fresh and fresh[(r.node, r.rank)].waits is False]
     inc.pids = list(job.pids)
     inc.ranks = [job.ranks[p] for p in job.pids]
     inc.culprit_pids = culprits
-    inc.culprit_ranks = [job.ranks[p] for p in culprits]
+    inc.culprit_ranks = [job.ranks[p] for p in culprits] + [r.rank for r in remote_culprits if r.rank is not None]
     readings = jv.readings
     waiters = jv.by_rank({p for p in tr.waiters if p in jv.live} - set(culprits))
     parts = []
-    if culprits:
-        who = ", ".join(f"rank {job.ranks[p]} (pid {p})" for p in culprits)
-        one = len(culprits) == 1
+    here = f" on {env.node()}" if job.spans_nodes and env.node() else ""  # ranks of a job on several nodes say where
+    if culprits or remote_culprits:
+        who = ", ".join([*(f"rank {job.ranks[p]}{here} (pid {p})" for p in culprits), *map(_remote_name, remote_culprits)])
+        one = len(culprits) + len(remote_culprits) == 1
         parts.append(f"{who} {'is' if one else 'are'} not in the collective {'its' if one else 'their'} peers wait in: "
-                     + "; ".join(f"rank {job.ranks[p]}: {readings[p].why}" if p in readings
-                                 else f"rank {job.ranks[p]}: exited at {report.clock(tr.exited[p])}"
-                                 for p in culprits if p in readings or p in tr.exited))
+                     + "; ".join([*(f"rank {job.ranks[p]}: {readings[p].why}" if p in readings
+                                    else f"rank {job.ranks[p]}: exited at {report.clock(tr.exited[p])}"
+                                    for p in culprits if p in readings or p in tr.exited),
+                                  *(f"rank {r.rank} on {r.node}: {r.reading or r.reason or r.state}"
+                                    for r in remote_culprits)]))
     if waiters:
         waited = jv.t - (inc.hang_started_at if inc.hang_started_at is not None else jv.last_progress)
         parts.append("; ".join(f"rank {job.ranks[p]} has waited {waited:.0f} s: {readings[p].why}"
                                for p in waiters if p in readings))
-    if not culprits and not waiters:
+    if not culprits and not remote_culprits and not waiters:
         parts.append(f"no rank has progressed for {jv.quiet:.0f} s")
     for p in culprits:
         st = report.stack_brief(env.view, env.tracks.get(p), p)
@@ -145,8 +205,10 @@ def fill(env: Env, jv: JobView, inc: object) -> None:
     exc = report.exceptions(env.view, job, (inc.hang_started_at or jv.t) - env.th.exception_lookback_s)
     if exc:
         parts.insert(0, "Probable cause, from " + report.quote_exception(exc[-1]))
-    inc.summary = ". ".join(parts) + "."
     inc.evidence = report.evidence(env.view, env.tracks, job, jv.sigs, jv.quiet)
+    if job.spans_nodes:
+        _fleet(env, jv, inc, parts, culprits, remote_culprits)
+    inc.summary = ". ".join(parts) + "."
     if exc:
         inc.evidence["exceptions"] = exc[-5:]
     if tr.culprit is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Query, Response
+from fastapi import APIRouter, HTTPException, Path, Query, Response
 
 from hangd.server.deps import AuthDep, DaemonDep
 from hangd.server.schemas import GpuOut, JobOut, ProcessOut, TimelineEntry
@@ -23,12 +23,16 @@ def processes(daemon: DaemonDep, _: AuthDep) -> list[dict[str, Any]]:
 
 @router.get("/jobs", response_model=list[JobOut], summary="Distributed jobs on this node and their state")
 def jobs(daemon: DaemonDep, _: AuthDep) -> list[dict[str, Any]]:
-    with daemon.lock:
-        jobs = daemon.analyzer.jobs()
-        open_by_job: dict[str, list[int]] = {}
-        for inc in daemon.analyzer.incidents(open_only=True):
-            open_by_job.setdefault(inc.job, []).append(inc.id)
-    return [{**j, "open_incidents": sorted(open_by_job.get(j["job"], []))} for j in jobs]
+    return daemon.jobs_view()
+
+
+@router.get("/jobs/{key:path}", response_model=JobOut, responses={404: {"description": "no such job"}},
+            summary="One job; with a shared database, a job that spans nodes as every node reports it")
+def job(key: Annotated[str, Path(max_length=255)], daemon: DaemonDep, _: AuthDep) -> dict[str, Any]:
+    found = daemon.jobs_view(key)
+    if not found:
+        raise HTTPException(status_code=404, detail=f"no job {key}")
+    return found[0]
 
 
 @router.get("/gpus", response_model=list[GpuOut], summary="Latest readings of every GPU",

@@ -1,0 +1,208 @@
+"""Several nodes' hangd on one real PostgreSQL: each writes its own ranks with a heartbeat, reads
+the other nodes' ranks of the jobs that span nodes, and a hang of such a job is one incident in
+the database whichever node writes it first."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import pytest
+from sqlalchemy import func, select
+
+from hangd.store import models as m
+from hangd.store.db import ID_STRIDE, Batch, Store, StoreInUse
+
+
+def _ranks(job: str, ranks: dict[int, tuple[int, str, bool]], t: float) -> list[dict]:
+    """rank -> (pid, state, waits), as Analyzer.processes() gives the ranks of a job that spans nodes."""
+    return [{"pid": pid, "job": job, "rank": r, "state": st, "since": t, "reason": f"rank {r} {st}", "world_size": 4,
+             "last_progress": t - 30, "waits": waits, "reading": f"rank {r} on its own"}
+            for r, (pid, st, waits) in ranks.items()]
+
+
+def _job(job: str, state: str, ranks: dict[int, tuple[int, str, bool]]) -> dict:
+    return {"job": job, "name": job, "state": state, "ranks": {str(r): v[0] for r, v in ranks.items()}, "world_size": 4,
+            "identity": {"rendezvous": job[5:]}, "spans_nodes": "WORLD_SIZE 4 > LOCAL_WORLD_SIZE 2"}
+
+
+def _hang(iid: int, job: str, t: float, summary: str, resolved: bool = False) -> dict:
+    return {"id": iid, "kind": "host_stall", "severity": "critical", "job": job, "opened_at": t, "updated_at": t,
+            "resolved_at": t + 1 if resolved else None, "summary": summary, "next_step": "", "pids": [1], "ranks": [0, 1],
+            "culprit_pids": [], "culprit_ranks": [3], "evidence": {}, "findings": [], "timeline": [{"t": t, "event": "opened"}]}
+
+
+@pytest.fixture
+def fleet(postgres_url):
+    tag = uuid.uuid4().hex[:8]
+    stores = [Store(postgres_url, hostname=f"node-{x}-{tag}", exclusive=True, heartbeat_s=0.5, node_stale_s=3)
+              for x in "ab"]
+    yield stores, f"rdzv:10.0.0.1:{tag}"
+    for s in stores:
+        s.close()
+
+
+def _hangs_in_db(st: Store, job: str) -> list[m.Incident]:
+    with st.Session() as s:
+        return list(s.scalars(select(m.Incident).where(m.Incident.job == job)))
+
+
+def test_each_node_reads_the_other_nodes_ranks_of_a_job_that_spans_nodes(fleet):
+    (a, b), job = fleet
+    t = time.time()
+    a_ranks, b_ranks = {0: (101, "waiting_peer", True), 1: (102, "waiting_peer", True)}, \
+        {2: (701, "waiting_peer", True), 3: (702, "straggler", False)}
+    a.submit(Batch(t=t, processes=_ranks(job, a_ranks, t), jobs=[_job(job, "waiting_peer", a_ranks)], spanning={job}))
+    b.submit(Batch(t=t, processes=_ranks(job, b_ranks, t), jobs=[_job(job, "straggler", b_ranks)], spanning={job}))
+    seen = {(r.node, r.rank): r for r in a.remote_ranks([job], t)}
+    assert set(seen) == {(b.hostname, 2), (b.hostname, 3)}
+    assert seen[(b.hostname, 3)].waits is False and seen[(b.hostname, 3)].pid == 702
+    assert seen[(b.hostname, 3)].reading == "rank 3 on its own"
+    assert abs(seen[(b.hostname, 3)].reported_at - t) < 1 and seen[(b.hostname, 3)].last_progress == pytest.approx(t - 30)
+    assert {r.rank for r in b.remote_ranks([job], t)} == {0, 1}
+    view = a.fleet_jobs(job, t)[job]
+    assert [n["node"] for n in view["nodes"]] == sorted([a.hostname, b.hostname])
+    assert {r: x["node"] for r, x in view["fleet_ranks"].items()} == {"0": a.hostname, "1": a.hostname, "2": b.hostname,
+                                                                      "3": b.hostname}
+    assert not any(n["stale"] for n in view["nodes"])
+    # node b's hangd stops: its rows stay, its node is reported as stopped
+    assert a.fleet_jobs(job, t + 10)[job]["nodes"][[n["node"] for n in view["nodes"]].index(b.hostname)]["stale"]
+
+
+def test_a_hang_of_a_job_that_spans_nodes_is_one_incident_whichever_node_writes_first(fleet):
+    (a, b), job = fleet
+    t = time.time()
+    for st in (a, b):  # both alive
+        st.submit(Batch(t=t))
+    ia, ib = ID_STRIDE + a.node_id, ID_STRIDE + b.node_id  # each numbers apart, as the daemon sets it
+    b.submit(Batch(t=t, incidents=[_hang(ib, job, t, "rank 3 (pid 702) is not in the collective")], spanning={job}))
+    a.submit(Batch(t=t + 0.1, incidents=[_hang(ia, job, t + 0.1, "rank 3 on node-b (pid 702) is not in the collective")],
+                   spanning={job}))
+    a.submit(Batch(t=t + 0.2, incidents=[_hang(ia, job, t + 0.1, "updated by a")], spanning={job}))
+    assert a.healthy and b.healthy, (a.last_error, b.last_error)
+    (row,) = _hangs_in_db(a, job)
+    assert row.id == ib and row.summary.startswith("rank 3 (pid 702)") and row.status == "open"
+    assert any(f"also seen by {a.hostname}" in e.get("event", "") for e in row.timeline), row.timeline
+    total, listed = a.list_incidents(job=job)
+    assert total == 1 and listed[0]["id"] == ib  # node a's API lists the one row
+    # the owner resolves it: the key is free for the next episode
+    b.submit(Batch(t=t + 2, incidents=[_hang(ib, job, t, "over", resolved=True)], spanning={job}))
+    (row,) = _hangs_in_db(a, job)
+    assert row.status == "resolved" and row.open_key is None
+
+
+def test_a_node_takes_over_the_incident_of_a_node_that_stopped_reporting(fleet):
+    (a, b), job = fleet
+    t = time.time()
+    b.submit(Batch(t=t - 60))  # node b's last heartbeat was a minute ago
+    ib, ia = 2 * ID_STRIDE + b.node_id, 2 * ID_STRIDE + a.node_id
+    b.submit(Batch(t=t - 60, incidents=[_hang(ib, job, t - 60, "from b")], spanning={job}))
+    with b.Session.begin() as s:  # the heartbeat the batch moved, put back a minute
+        s.execute(m.Node.__table__.update().where(m.Node.id == b.node_id).values(last_seen=t - 60))
+    a.submit(Batch(t=t, incidents=[_hang(ia, job, t, "from a")], spanning={job}))
+    (row,) = _hangs_in_db(a, job)
+    assert row.node_id == a.node_id and row.summary == "from a" and row.opened_at == pytest.approx(t - 60)
+    assert any("took over" in e.get("event", "") for e in row.timeline)
+
+
+def test_two_nodes_share_a_database_but_one_node_name_has_one_hangd(postgres_url, fleet):
+    (a, _), _ = fleet
+    with pytest.raises(StoreInUse, match=f"node {a.hostname}"):
+        Store(postgres_url, hostname=a.hostname, exclusive=True)
+
+
+def test_incidents_of_single_node_jobs_do_not_take_the_open_key(fleet):
+    (a, b), job = fleet
+    t = time.time()
+    a.submit(Batch(t=t, incidents=[_hang(3 * ID_STRIDE + a.node_id, job + "@1", t, "a")]))
+    b.submit(Batch(t=t, incidents=[_hang(3 * ID_STRIDE + b.node_id, job + "@1", t, "b")]))
+    with a.Session() as s:
+        n = s.scalar(select(func.count()).select_from(m.Incident).where(m.Incident.job == job + "@1"))
+    assert n == 2
+
+
+def test_hangd_status_job_prints_the_whole_job_from_the_database(fleet, postgres_url):
+    from ..conftest import run_hangd
+
+    (a, b), job = fleet
+    t = time.time()
+    a_ranks, b_ranks = {0: (101, "waiting_peer", True), 1: (102, "waiting_peer", True)}, \
+        {2: (701, "waiting_peer", True), 3: (702, "hung", False)}
+    a.submit(Batch(t=t, processes=_ranks(job, a_ranks, t), jobs=[_job(job, "hung", a_ranks)], spanning={job}))
+    b.submit(Batch(t=t, processes=_ranks(job, b_ranks, t), jobs=[_job(job, "hung", b_ranks)], spanning={job},
+                   incidents=[_hang(4 * ID_STRIDE + b.node_id, job, t, "rank 3 on node-b (pid 702) is not in it")]))
+    out = run_hangd("status", "--job", job, "--db", postgres_url)
+    assert out.returncode == 1, out.stderr  # an incident is open
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith(f"JOB {job} (WORLD_SIZE 4 > LOCAL_WORLD_SIZE 2; key from rendezvous="), lines[0]
+    assert any(line.startswith(f"  {b.hostname}: last report ") and line.endswith("ranks 2, 3") for line in lines), lines
+    row3 = next(line for line in lines if line.split()[:3] == ["3", b.hostname, "702"])
+    assert "hung" in row3 and " no " in row3, row3
+    assert any("INCIDENT #" in line and "culprit ranks [3]" in line for line in lines), lines
+    with b.Session.begin() as s:  # node-b's hangd stops reporting
+        s.execute(m.Node.__table__.update().where(m.Node.id == b.node_id).values(last_seen=t - 60))
+    out = run_hangd("status", "--job", job, "--db", postgres_url, "--json")
+    doc = json.loads(out.stdout)
+    assert [n["stale"] for n in doc["nodes"] if n["node"] == b.hostname] == [True]
+    missing = run_hangd("status", "--job", "rdzv:nowhere:1", "--db", postgres_url, check=False)
+    assert missing.returncode == 3 and "no job rdzv:nowhere:1" in missing.stderr
+
+
+def test_nodes_writing_the_same_hangs_at_once_leave_one_incident_per_job(fleet):
+    """Both nodes open the hang of the same 20 jobs at the same moment, from two threads: the
+    unique open key decides, the loser joins the winner's row (no failed batch, no duplicate)."""
+    import threading
+
+    (a, b), job = fleet
+    t = time.time()
+    for st in (a, b):
+        st.submit(Batch(t=t))
+    keys = [f"{job}-{i}" for i in range(20)]
+
+    def write(st: Store, base: int) -> None:
+        for i, k in enumerate(keys):
+            st.submit(Batch(t=t, incidents=[_hang((base + i) * ID_STRIDE + st.node_id, k, t, st.hostname)],
+                            spanning={k}))
+    threads = [threading.Thread(target=write, args=(st, 10)) for st in (a, b)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert a.healthy and b.healthy and not a.pending and not b.pending, (a.last_error, b.last_error)
+    with a.Session() as s:
+        per_job = dict(s.execute(select(m.Incident.job, func.count()).where(m.Incident.job.in_(keys))
+                                 .group_by(m.Incident.job)).all())
+    assert per_job == {k: 1 for k in keys}, per_job
+
+
+def test_a_working_rank_s_progress_is_written_once_a_heartbeat(fleet):
+    from sqlalchemy import event
+
+    (a, _), job = fleet
+    t = 1_000_000.0
+    seen: list[str] = []
+    for i in range(8):  # a tick every 0.25 s with progress on every tick; the heartbeat is 0.5 s
+        procs = _ranks(job, {0: (101, "busy", False)}, t)
+        procs[0]["last_progress"] = t + i * 0.25
+        if i == 1:
+            event.listen(a.engine, "before_cursor_execute",
+                         lambda _c, _cur, stmt, *_: seen.append(" ".join(stmt.split()[:2])))
+        a.submit(Batch(t=t + i * 0.25, processes=procs, spanning={job}))
+    # ticks 1..7: the progress written moves at 0.5, 1.0 and 1.5 s, not on every tick
+    assert seen.count("UPDATE processes") == 3, seen
+    assert a.remote_ranks([job]) == []  # a node does not read its own ranks as another node's
+
+
+def test_an_id_another_node_already_holds_never_overwrites_its_incident(fleet):
+    """Past ID_STRIDE nodes two nodes' numbering meets: the second goes under a free id of its own."""
+    (a, b), job = fleet
+    t = time.time()
+    same = 50 * ID_STRIDE + a.node_id
+    a.submit(Batch(t=t, incidents=[_hang(same, job + "-a", t, "a's")]))
+    b.submit(Batch(t=t, incidents=[_hang(same, job + "-b", t, "b's")]))
+    b.submit(Batch(t=t + 1, incidents=[_hang(same, job + "-b", t, "b's, updated")]))
+    assert a.healthy and b.healthy, (a.last_error, b.last_error)
+    (ra,), (rb,) = _hangs_in_db(a, job + "-a"), _hangs_in_db(a, job + "-b")
+    assert ra.id == same and ra.summary == "a's" and ra.node_id == a.node_id
+    assert rb.id != same and rb.id % ID_STRIDE == b.node_id % ID_STRIDE and rb.summary == "b's, updated"
