@@ -60,7 +60,6 @@ class Analyzer:
         self.signals: dict[int, ProcSignals] = {}
         self.dropped: dict[str, int] = {"changes": 0, "findings": 0, "processes": 0, "jobs": 0}
         self.unreadable = 0  # evidence files (flight-recorder dumps) that could not be decoded
-        self._pid_job: dict[int, str] = {}
         self._unattributed: dict[int, float] = {}
         # the ranks other nodes report for the jobs that span nodes (the newest a snapshot brought)
         self.remote: dict[str, list[RemoteRank]] = {}
@@ -278,9 +277,9 @@ class Analyzer:
             if dump is None:
                 continue
             pid = d.pid
-            job_id = self._pid_job.get(pid) if pid is not None else None
-            if job_id is None:
-                job_id = next((j.id for j in self.job_defs.values() if pid in j.ranks), f"fr:{d.path.rsplit('/', 1)[0]}")
+            # the job its process is a rank of (an exited rank stays in its job until it is forgotten),
+            # else the dumps of one folder are one job
+            job_id = next((j.id for j in self.job_defs.values() if pid in j.ranks), f"fr:{d.path.rsplit('/', 1)[0]}")
             tr = self.job_tracks.setdefault(job_id, JobTrack())
             rank = dump.rank if dump.rank is not None else d.rank
             if rank is None:
@@ -396,7 +395,6 @@ class Analyzer:
         tr.last_seen = t
         live: list[int] = []
         for pid in job.pids:
-            self._pid_job[pid] = job.id
             h = self.view.procs[pid]
             lp = h.latest()
             if h.gone_at is not None or lp is None or lp.state in ("Z", "X"):
@@ -560,7 +558,6 @@ class Analyzer:
             del self.tracks[pid]
             self.progress.forget(pid)
             self.signals.pop(pid, None)
-            self._pid_job.pop(pid, None)
             self.dropped["processes"] += 1
         for job_id in [j for j, tr in self.job_tracks.items()
                        if j not in self.job_defs and t - tr.last_seen > th.serve_job_quiet_s

@@ -695,3 +695,12 @@ def test_a_dump_that_arrives_after_its_rank_exited_goes_to_the_rank_s_job():
     snap.fr_dumps.append(FrDump(pid=12, rank=1, format="pickle", path=path, dump=read_file(path)))
     node.an.step(snap)
     assert 1 in node.an.job_tracks[job_id].fr
+
+
+def test_a_zombie_rank_whose_gpu_memory_nvml_still_lists_holds_it_as_an_orphan():
+    node = _job()
+    node.run(3)
+    node.procs[12].state = "Z"  # exited, not reaped, and NVML still lists its 20 GiB on GPU 1
+    node.run(node.an.th.orphan_gpu_s + 2)
+    inc = next(i for i in node.an.incidents() if i.kind == "orphaned_gpu_memory")
+    assert inc.culprit_pids == [12] and inc.culprit_ranks == [1] and "20.0 GiB" in inc.summary, inc.summary
