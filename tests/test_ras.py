@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 import threading
 
-from hangd.analysis.engine import Analyzer
+from hangd.incidents import Incident
 from hangd.replay import run_replay
 from hangd.snapshot import RasReport, Snapshot
 from hangd.sources.ras import parse_ras_text, query
@@ -55,13 +55,25 @@ def test_query_speaks_the_protocol_over_loopback():
     assert query(("127.0.0.1", port), deadline_s=2) is None
 
 
-def test_ras_view_is_attached_to_the_open_hang_incident():
+def _attached(text: str) -> Incident:
+    """The replayed NCCL stall's incident, open, after a RAS answer with ``text`` arrived."""
     an, _ = run_replay(str(DATA / "traces" / "h200x2-live" / "nccl_stall"))
     inc = next(i for i in an.book.all if i.kind == "nccl_stall")
     inc.resolved_at = None
     an.book.open[(inc.job, "hang")] = inc
     inc.pids = [607, 608]
-    an.step(Snapshot(t=an.view.t + 1, ras=[RasReport(format="text", text=TEXT)]))
+    an.step(Snapshot(t=an.view.t + 1, ras=[RasReport(format="text", text=text)]))
+    return inc
+
+
+def test_ras_view_is_attached_to_the_open_hang_incident():
+    inc = _attached(TEXT)
     assert inc.evidence["nccl_ras"]["behind"][0]["rank"] == 1
-    assert any(f["kind"] == "ras_behind" and f["ranks"] == [1] for f in inc.findings)
-    assert isinstance(an, Analyzer)
+    assert inc.evidence["nccl_ras"]["kind"] == "nccl_ras" and inc.evidence["nccl_ras"]["source"] == "nccl_ras"
+    note = "NCCL RAS: rank 0 (pid 607) launched up to AllReduce #749; rank 1 (pid 608) launched up to AllReduce #748"
+    assert inc.findings[-1] == {"kind": "ras_behind", "source": "nccl_ras", "ranks": [1], "pids": [608], "message": note}
+
+
+def test_a_ras_answer_that_does_not_name_the_operation_says_operation():
+    note = _attached(TEXT.replace("different AllReduce operation counts", "different counts")).findings[-1]["message"]
+    assert note == "NCCL RAS: rank 0 (pid 607) launched up to operation #749; rank 1 (pid 608) launched up to operation #748"

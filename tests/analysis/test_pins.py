@@ -4,11 +4,12 @@ read, a culprit that exits), and says what the operator then reads."""
 
 from __future__ import annotations
 
+import pytest
+
 from hangd.analysis import report
 from hangd.analysis.signals import exception_lines
-from hangd.snapshot import Frame, GpuSample, RasReport, Snapshot, StackSample, ThreadStack
+from hangd.snapshot import Frame, GpuSample, Snapshot, StackSample, ThreadStack
 
-from ..conftest import DATA
 from .builders import GiB, Node, P, torchrun_env
 
 COLL = [("torch/distributed/distributed_c10d.py", "all_reduce"), ("train.py", "step")]
@@ -88,26 +89,19 @@ def test_an_exception_line_is_kept_whole_up_to_500_characters():
     assert exception_lines(long + "\n") == [long[:500]]
 
 
-def test_a_log_line_is_read_whole_when_the_log_grows_by_less_than_its_tail():
+@pytest.mark.parametrize("before, appended, found", [
+    ("step 1\n", "ValueError: one line appended\n", "ValueError: one line appended"),  # less than the tail
+    ("a" * 5000, "b" * 10 + "\nRuntimeError: after a long line\n", "RuntimeError: after a long line"),  # a line longer than the tail, dropped
+])
+def test_a_log_line_is_read_whole_from_where_the_log_grew(before: str, appended: str, found: str):
     node = _job(log=None)
     node.procs[11].log = "/job/r0.log"
-    node.write_log("/job/r0.log", "step 1\n")
+    node.write_log("/job/r0.log", before)
     node.run(1)
-    node.write_log("/job/r0.log", "ValueError: one line appended\n")
-    node.run(1)
-    fs = node.an.view.files["/job/r0.log"]
-    assert [line for _, line in fs.exceptions] == ["ValueError: one line appended"]
-
-
-def test_a_line_longer_than_the_tail_is_dropped_but_the_lines_after_it_are_read():
-    node = _job(log=None)
-    node.procs[11].log = "/job/r0.log"
-    node.write_log("/job/r0.log", "a" * 5000)  # no newline yet, and longer than the 4 KiB tail
-    node.run(1)
-    node.write_log("/job/r0.log", "b" * 10 + "\nRuntimeError: after a long line\n")
+    node.write_log("/job/r0.log", appended)
     node.run(1)
     fs = node.an.view.files["/job/r0.log"]
-    assert [line for _, line in fs.exceptions] == ["RuntimeError: after a long line"]
+    assert [line for _, line in fs.exceptions] == [found]
 
 
 def test_a_log_read_first_gives_its_last_three_exceptions_as_already_there():
@@ -130,21 +124,6 @@ def test_two_unreadable_dumps_are_counted_twice():
                       FrDump(pid=12, rank=1, format="pickle", path="/d/1", error="truncated pickle")]
     node.an.step(snap)
     assert node.an.unreadable == 2
-
-
-def test_the_ras_view_is_attached_as_a_finding_that_names_the_rank_behind():
-    from hangd.replay import run_replay
-
-    text = (DATA / "ras" / "nccl-2.28.9-stall.txt").read_text()
-    an, _ = run_replay(str(DATA / "traces" / "h200x2-live" / "nccl_stall"))
-    inc = next(i for i in an.book.all if i.kind == "nccl_stall")
-    inc.resolved_at = None
-    an.book.open[(inc.job, "hang")] = inc
-    inc.pids = [607, 608]
-    an.step(Snapshot(t=an.view.t + 1, ras=[RasReport(format="text", text=text)]))
-    note = "NCCL RAS: rank 0 (pid 607) launched up to AllReduce #749; rank 1 (pid 608) launched up to AllReduce #748"
-    assert inc.findings[-1] == {"kind": "ras_behind", "source": "nccl_ras", "ranks": [1], "pids": [608], "message": note}
-    assert inc.evidence["nccl_ras"]["kind"] == "nccl_ras" and inc.evidence["nccl_ras"]["source"] == "nccl_ras"
 
 
 def test_a_stack_that_changed_between_two_captures_is_progress_at_the_first_one():
@@ -225,25 +204,6 @@ def test_a_stopped_culprit_that_is_then_killed_stays_the_culprit_and_no_bystande
 def test_a_culprit_that_exited_is_said_to_have_exited():
     hang = next(i for i in _stopped_then_killed().an.incidents() if i.kind == "host_stall")
     assert "rank 2 (pid 13) is not in the collective its peers wait in: rank 2: exited at " in hang.summary, hang.summary
-
-
-def _ras_attached(text: str) -> list[dict]:
-    from hangd.replay import run_replay
-
-    an, _ = run_replay(str(DATA / "traces" / "h200x2-live" / "nccl_stall"))
-    inc = next(i for i in an.book.all if i.kind == "nccl_stall")
-    inc.resolved_at = None
-    an.book.open[(inc.job, "hang")] = inc
-    inc.pids = [607, 608]
-    an.step(Snapshot(t=an.view.t + 1, ras=[RasReport(format="text", text=text)]))
-    return inc.findings
-
-
-def test_a_ras_answer_that_does_not_name_the_operation_says_operation():
-    text = (DATA / "ras" / "nccl-2.28.9-stall.txt").read_text().replace("different AllReduce operation counts",
-                                                                          "different counts")
-    note = _ras_attached(text)[-1]["message"]
-    assert note == "NCCL RAS: rank 0 (pid 607) launched up to operation #749; rank 1 (pid 608) launched up to operation #748"
 
 
 def _sigs(**kw: object):
