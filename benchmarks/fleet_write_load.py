@@ -306,6 +306,25 @@ def bytes_per_row(conn: Any, table: str, rows: int = 50_000) -> float | None:
     return float(total[0]) / float(total[1])
 
 
+def quiet_remote_read(url: str, job: str, n: int = 50) -> dict[str, Any]:
+    """One node's read of the other nodes' ranks, alone (the writers stopped): what the writer
+    thread of a node of the fleet pays for it each tick, without 64 simulated nodes on the CPU."""
+    st = Store(url, hostname="node-000", migrate=False)
+    try:
+        now = time.time()
+        st.remote_ranks([job], now)  # the connection opened
+        xs, rows = [], 0
+        for _ in range(n):
+            t0, c0 = time.perf_counter(), time.process_time()
+            rows = len(st.remote_ranks([job], now))
+            xs.append((time.perf_counter() - t0, time.process_time() - c0))
+        return {"n": n, "rows": rows, "wall_p50_ms": round(1000 * pct([x[0] for x in xs], 50), 2),
+                "wall_p99_ms": round(1000 * pct([x[0] for x in xs], 99), 2),
+                "client_cpu_mean_ms": round(1000 * statistics.fmean(x[1] for x in xs), 2)}
+    finally:
+        st.close()
+
+
 def pct(xs: list[float], p: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, max(0, math.ceil(p / 100 * len(xs)) - 1))] if xs else float("nan")
@@ -407,6 +426,8 @@ def main() -> int:
         reps = [q.get(timeout=120) for _ in ws]
         for w in ws:
             w.join(60)
+        if served is not None:  # the same requests with the writers stopped: what the CPU of this machine costs them
+            api["quiet"] = time_api(base, "slurm:4200", 50, time.time() + 60)
         with admin.connect() as c:
             incidents = [dict(r._mapping) for r in c.execute(text(
                 "SELECT id, node_id, job, status, open_key, jsonb_array_length(CAST(timeline AS jsonb)) AS timeline_len "
@@ -415,9 +436,17 @@ def main() -> int:
             total_for_job = c.execute(text("SELECT count(*) FROM incidents WHERE job = 'slurm:4200'")).scalar()
             incident_bytes = c.execute(text("SELECT avg(pg_column_size(i.*)) FROM incidents i")).scalar()
             calib = {t: bytes_per_row(c, t) for t in ("gpu_minutes", "state_changes")}
+            remote_sql = c.execute(text(
+                "SELECT sum(calls), sum(total_exec_time) / sum(calls), sum(rows) / sum(calls) FROM pg_stat_statements "
+                "WHERE toplevel AND query LIKE 'SELECT processes.job, nodes.hostname%'")).one() if pg.statements else None
         admin.dispose()
+        quiet = quiet_remote_read(url, "slurm:4200")
+        if remote_sql is not None and remote_sql[0]:
+            quiet["server_exec_ms_mean_during_run"] = round(float(remote_sql[1]), 2)
+            quiet["server_rows_per_call_during_run"] = round(float(remote_sql[2]), 1)
         result = summarize(a, pg, before, after, reps, api, incidents, int(open_for_job or 0), int(total_for_job or 0),
                            procs, t_hang - t_measure, calib, float(incident_bytes or 0))
+        result["remote_read_quiet"] = quiet
     finally:
         if served is not None:
             served.send_signal(signal.SIGTERM)
