@@ -567,6 +567,12 @@ class Store:
                 cur = self._unwritten.get(d["id"])
                 if cur is not None and cur[0] <= b.seq:
                     del self._unwritten[d["id"]]
+            # no longer queued: a newer list supersedes nothing of it (it was counted as superseded
+            # on every tick, the writer keeping up or not)
+            if self._newest_procs is b:
+                self._newest_procs = None
+            if self._newest_jobs is b:
+                self._newest_jobs = None
 
     def submit_flush(self) -> None:
         with self._lock:

@@ -209,6 +209,12 @@ def test_a_store_slower_than_the_ticks_keeps_one_list_of_the_processes(tmp_path)
     with st.engine.connect() as c:
         assert c.execute(text("SELECT count(*) FROM state_changes")).scalar() == 40
         assert c.execute(text("SELECT count(*), min(last_seen) FROM processes")).one() == (300, t0 + 39)
+    # a writer that keeps up supersedes nothing: each list is written before the next comes
+    before = st.superseded
+    for i in range(5):
+        st.submit(Batch(t=t0 + 40 + i, processes=[{"pid": 1000, "job": "j", "rank": 0, "state": "busy", "since": t0,
+                                                   "reason": "r"}], jobs=[]))
+    assert st.superseded == before
     st.close()
 
 
