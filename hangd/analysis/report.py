@@ -110,7 +110,7 @@ def exceptions(view: NodeView, job: Job, since: float) -> list[dict[str, Any]]:
 
 
 def quote_exception(ex: dict[str, Any]) -> str:
-    when = f"at {clock(ex['t'])}" if ex["t"] is not None else "(already there when hangd started)"
+    when = f"at {clock(ex['t'])}" if ex["t"] is not None else "(already in the log when hangd first read it)"
     who = f"rank {ex['rank']}'s log" if ex["rank"] is not None else "the job's log"
     return f"{who} ({ex['file']}) {when}: {ex['line']}"
 

@@ -109,7 +109,7 @@ def test_two_ranks_that_disagree_blame_the_higher_one():
 def test_a_cause_is_quoted_with_where_and_when_it_was_seen():
     line = "RuntimeError: shape mismatch: hidden size 4096 vs 5120"
     assert report.quote_exception({"t": None, "rank": None, "file": "/job/log", "line": line}) == \
-        f"the job's log (/job/log) (already there when hangd started): {line}"
+        f"the job's log (/job/log) (already in the log when hangd first read it): {line}"
     quoted = report.quote_exception({"t": 1_796_000_000.0, "rank": 3, "file": "/job/log3", "line": line})
     assert quoted.startswith("rank 3's log (/job/log3) at ") and quoted.endswith(f": {line}")
     assert "already there" not in quoted

@@ -664,3 +664,121 @@ def test_a_zombie_rank_whose_gpu_memory_nvml_still_lists_holds_it_as_an_orphan()
     node.run(node.an.th.orphan_gpu_s + 2)
     inc = next(i for i in node.an.incidents() if i.kind == "orphaned_gpu_memory")
     assert inc.culprit_pids == [12] and inc.culprit_ranks == [1] and "20.0 GiB" in inc.summary, inc.summary
+
+
+def _verdict(kind: str):
+    from hangd.analysis.stackcat import Verdict
+
+    return Verdict(kind, kind.replace("_", " "), "f (x.py:1)", "MainThread", 50)
+
+
+def _classified(verdict: str | None = None, recent: bool = False, **kw: object):
+    from hangd.analysis.local import Context, classify
+    from hangd.analysis.signals import Thresholds
+
+    s = _sigs(**{"state": "S", "gpu_indexes": [0], "gpu_mem": GiB, **kw})
+    ctx = Context(verdict=_verdict(verdict), progressed_recently=recent, progress_why="it wrote to its log") if verdict \
+        else Context(progressed_recently=recent, progress_why="it wrote to its log")
+    return classify(s, ctx, Thresholds())
+
+
+def test_one_process_at_a_time_on_each_line_of_the_classifier():
+    from hangd.analysis.signals import GpuSignals, MiB
+
+    growing = {"gpu_mem_rate": 300 * MiB, "gpu_mem_rate_before": 300 * MiB}
+    cases = [  # (signals, verdict, local, why)
+        ({"state": "Z"}, None, "zombie", "zombie: exited, not yet reaped"),
+        ({}, "graph_capture", "graph_capture", "its stack is capturing a CUDA graph (f (x.py:1))"),
+        ({}, "loading", "loading", "its stack is loading (f (x.py:1))"),
+        ({"read_per_s": 130_500_000.4, "gpu_mem_rate": 1.0}, None, "loading", "reading 131 MB/s from disk, GPU memory growing 0 MB/s"),
+        # a young slow reader that the CPU shows is not importing (CPU unknown)
+        ({"io_long_per_s": 30 * MiB, "io_active_s": 3, "read_per_s": 1 * MiB, "age_s": 5.0}, None, "loading",
+         "reading 31 MB/s from disk over the last 6 s"),
+        ({"io_long_per_s": 30 * MiB, "io_active_s": 3, "read_per_s": 1 * MiB - 1, "write_per_s": None, "age_s": 60.0}, None,
+         "quiet", "sleeping (state S); GPU idle, 1.0 GiB held"),
+        # GPU memory growing while the GPU runs: capture, unless util and SM are both at their saturation lines
+        ({"gpu": GpuSignals(util=98, sm=74.9), **growing}, None, "graph_capture",
+         "GPU memory growing 315 MB/s while the GPU runs short bursts (util 98%, SM 75%)"),
+        ({"gpu": GpuSignals(util=98, sm=75, work_frac=1.0), **growing}, None, "busy",
+         "GPU working: util 98%, memory controller 0%"),
+        ({"gpu": GpuSignals(util=97.9, sm=99), **growing}, None, "graph_capture",
+         "GPU memory growing 315 MB/s while the GPU runs short bursts (util 98%, SM 99%)"),
+        ({"gpu": GpuSignals(util=100, util_mem=0, spin_frac=1.0)}, None, "spinning",
+         "spinning on the GPU: util 100% with the memory controller idle"),
+        ({"log_kinds": {"compiling"}}, None, "compiling", "its log says it compiles"),
+        ({"gpu_indexes": [], "gpu_mem": 0, "cpu_cores": None}, None, "quiet", "sleeping (state S)"),
+    ]
+    for kw, verdict, local, why in cases:
+        rd = _classified(verdict, recent=True, **kw)
+        assert (str(rd.local), rd.why) == (local, why), kw
+
+
+def test_two_ranks_that_exit_together_are_one_incident_naming_them_in_rank_order_and_the_cause():
+    # four ranks, pids in the opposite order of the ranks; each writes a log of its own
+    node = Node([P(10, 1), *(P(14 - r, 10, torchrun_env(r, 4), gpu=r, log=f"/job/r{r}.log") for r in range(4))])
+    node.write_log("/job/r3.log", "ValueError: an old error, long before\n")
+    node.write_log("/job/r2.log", "loading shards\n")
+    node.run(3)
+    node.write_log("/job/r2.log", "RuntimeError: mat1 and mat2 shapes cannot be multiplied (1x4096 and 7168x4096)\n")
+    node.run(1)
+    node.kill(11)  # rank 3
+    node.kill(12)  # rank 2
+    node.run(node.an.th.rank_exit_grace_s + 15)
+    (inc,) = [i for i in node.an.incidents() if i.kind == "rank_exited"]
+    assert inc.culprit_ranks == [2, 3] and inc.culprit_pids == [12, 11]
+    assert inc.summary.startswith("Probable cause, from rank 2's log (r2.log) at "), inc.summary
+    assert "rank 2, 3 exited " in inc.summary and "while rank 0 (pid 14), rank 1 (pid 13) still run and have not" \
+        in inc.summary, inc.summary
+    assert [e["line"] for e in inc.evidence["exceptions"]] == [
+        "ValueError: an old error, long before",  # in the log when first read: it may be the cause too
+        "RuntimeError: mat1 and mat2 shapes cannot be multiplied (1x4096 and 7168x4096)"]
+    for p in (13, 14):
+        node.kill(p)
+    node.run(2)
+    assert inc.resolved_at is not None and inc.timeline[-1]["note"] == "the job's processes are gone"
+
+
+def test_an_exception_older_than_the_lookback_is_not_the_cause_of_an_exit():
+    from hangd.analysis.engine import Analyzer
+    from hangd.analysis.signals import Thresholds
+
+    node = Node([P(10, 1), *(P(11 + r, 10, torchrun_env(r, 2), gpu=r, log=f"/job/r{r}.log") for r in range(2))],
+                analyzer=Analyzer(Thresholds(exception_lookback_s=5.0)))
+    node.write_log("/job/r1.log", "step 1\n")
+    node.run(2)
+    node.write_log("/job/r1.log", "KeyError: 'old'\n")
+    node.run(10)
+    node.kill(12)
+    node.run(node.an.th.rank_exit_grace_s + 5)
+    (inc,) = [i for i in node.an.incidents() if i.kind == "rank_exited"]
+    assert not inc.summary.startswith("Probable cause") and "exceptions" not in inc.evidence
+
+
+def test_gpu_memory_no_visible_process_holds_is_an_incident_of_its_gpu_until_freed():
+    from hangd.analysis.engine import Analyzer
+    from hangd.snapshot import ProcSample
+
+    an = Analyzer()
+    th = an.th
+
+    def tick(t: float, used: int) -> None:
+        an.step(Snapshot(t=t, procs=[ProcSample(pid=5, ppid=1, state="S")],  # a process, but none on the GPUs
+                         gpus=[_gpu(0, {}), GpuSample(index=1, util_gpu=0, util_mem=0, mem_used=used, mem_total=141 * GiB,
+                                                      procs=[])]))
+
+    tick(1000.0, 500 << 20)  # the driver's own 0.5 GiB: the GPU's baseline
+    t = 1001.0
+    while t < 1001.0 + th.unattributed_gpu_s:
+        tick(t, 20 * GiB + (500 << 20))
+        t += 1.0
+    assert an.incidents() == []
+    tick(t, 20 * GiB + (500 << 20))
+    (inc,) = an.incidents()
+    assert inc.job == "gpu:1" and inc.kind == "orphaned_gpu_memory"
+    assert inc.summary == ("GPU 1 has 20.0 GiB in use that no visible process holds (used 20.5 GiB, processes 0.0 GiB): "
+                           "a process in another PID namespace, or leaked memory. Check `nvidia-smi` on the host.")
+    assert inc.evidence == {"gpu": 1, "mem_used": 20 * GiB + (500 << 20), "held_by_processes": 0}
+    tick(t + 1, 20 * GiB + (500 << 20))
+    assert len(an.incidents()) == 1
+    tick(t + 2, 500 << 20)
+    assert inc.resolved_at == t + 2
