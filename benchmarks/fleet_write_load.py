@@ -54,6 +54,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import end, wait_healthy  # noqa: E402
 from hangd.store.db import HEARTBEAT_S, ID_STRIDE, Batch, Store, upgrade  # noqa: E402
 
 REFRESH_S = 10.0  # an open incident is written again this often (hangd.incidents.REFRESH_S)
@@ -406,15 +407,7 @@ def main() -> int:
             before = pg_stats(c)
         api: dict[str, Any] = {}
         if served is not None:
-            import httpx
-            deadline = time.time() + 60
-            while time.time() < deadline:
-                try:
-                    if httpx.get(base + "/healthz", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.5)
+            wait_healthy(base)
             time.sleep(max(0.0, t_hang + 8.0 - time.time()))  # with the incident open
             api = time_api(base, "slurm:4200", a.api_requests, t_end - 1.0)
         while time.time() < t_end:
@@ -449,12 +442,7 @@ def main() -> int:
         result["remote_read_quiet"] = quiet
     finally:
         if served is not None:
-            served.send_signal(signal.SIGTERM)
-            try:
-                served.wait(15)
-            except subprocess.TimeoutExpired:
-                served.kill()
-                served.wait()
+            end(served, signal.SIGTERM)
         pg.stop()
     text_out = json.dumps(result, indent=1, sort_keys=False)
     if a.out:
