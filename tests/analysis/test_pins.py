@@ -782,3 +782,15 @@ def test_gpu_memory_no_visible_process_holds_is_an_incident_of_its_gpu_until_fre
     assert len(an.incidents()) == 1
     tick(t + 2, 500 << 20)
     assert inc.resolved_at == t + 2
+
+
+def test_a_gpu_s_readings_are_kept_to_a_bound_and_state_changes_counted_only_when_dropped():
+    node = _job(look="work")
+    node.run(2)
+    assert node.changes and node.an.forgotten()["changes"] == 0
+    from hangd.analysis.signals import NodeView, Thresholds
+
+    view = NodeView(Thresholds())
+    for k in range(1300):
+        _feed(view, 1000.0 + k / 4, [], [_gpu(0, {})])
+    assert len(view.gpus[0]) == 1200
