@@ -141,6 +141,9 @@ def make_engine(url: str) -> Engine:
     return eng
 
 
+MIGRATION_LOCK = 0x68616E6764  # "hangd": the advisory lock key that serializes migrations on PostgreSQL
+
+
 class MigrationError(Exception):
     """A migration that cannot run (unknown revision, ...): one line for the operator."""
 
@@ -157,6 +160,11 @@ def _alembic(url: str, action: str, revision: str) -> None:
     cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
     try:
         with eng.begin() as conn:
+            if conn.dialect.name == "postgresql":
+                # every node of a fleet starts at once (a DaemonSet rollout) on one database: one migrates,
+                # the others wait for it and then find nothing to do. Without this they create the same
+                # tables at once, and all but one fail on PostgreSQL's catalog (pg_type) unique index.
+                conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATION_LOCK})
             cfg.attributes["connection"] = conn
             getattr(command, action)(cfg, revision)
     except CommandError as e:

@@ -206,3 +206,44 @@ def test_an_id_another_node_already_holds_never_overwrites_its_incident(fleet):
     (ra,), (rb,) = _hangs_in_db(a, job + "-a"), _hangs_in_db(a, job + "-b")
     assert ra.id == same and ra.summary == "a's" and ra.node_id == a.node_id
     assert rb.id != same and rb.id % ID_STRIDE == b.node_id % ID_STRIDE and rb.summary == "b's, updated"
+
+
+def test_nodes_starting_at_once_on_a_fresh_database_all_migrate_it(postgres_url):
+    """A DaemonSet rollout starts every node's hangd at the same moment on an empty database: each
+    runs the migrations (in a child interpreter, as `hangd serve` does). One creates the tables; the
+    others must wait for it and find nothing to do, not fail on the catalog and start degraded."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from alembic.script import ScriptDirectory
+    from sqlalchemy import create_engine, text
+
+    from hangd.store.db import MIGRATIONS, upgrade_apart
+
+    name = f"fresh_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(postgres_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(text(f"CREATE DATABASE {name}"))
+    url = postgres_url.rsplit("/", 1)[0] + f"/{name}"
+    try:
+        with ThreadPoolExecutor(6) as pool:
+            outcomes = list(pool.map(lambda _: _outcome(upgrade_apart, url), range(6)))
+        assert outcomes == ["ok"] * 6, outcomes
+        eng = create_engine(url)
+        with eng.connect() as c:
+            (head,) = c.execute(text("SELECT version_num FROM alembic_version")).one()
+            tables = {r[0] for r in c.execute(text("SELECT tablename FROM pg_tables WHERE schemaname = 'public'"))}
+        eng.dispose()
+        newest = ScriptDirectory(str(MIGRATIONS)).get_current_head()
+        assert head == newest and {"incidents", "processes", "jobs", "nodes"} <= tables, (head, tables)
+    finally:
+        with admin.connect() as c:
+            c.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        admin.dispose()
+
+
+def _outcome(fn, *args) -> str:
+    try:
+        fn(*args)
+        return "ok"
+    except Exception as e:  # noqa: BLE001 - the test reports every failure as one line
+        return f"{type(e).__name__}: {str(e)[:160]}"
