@@ -1,12 +1,8 @@
 from __future__ import annotations
 
-import glob
 import os
-import shutil
 import signal
-import socket
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -15,13 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from .. import realpg
 from ..conftest import ROOT, hangd_cmd
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from ..realpg import free_port
 
 
 @dataclass
@@ -86,25 +78,11 @@ def served(tmp_path) -> Iterator[list[Served]]:
 @pytest.fixture(scope="session")
 def postgres_url(tmp_path_factory) -> Iterator[str]:
     """A real PostgreSQL (Debian's package) started for the tests, on loopback."""
-    bins = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
-    if not bins:
-        pytest.fail("PostgreSQL is not installed: `make test` installs Debian's postgresql")
-    bindir = Path(bins[-1]).parent
-    # not under pytest's tmp dir: that is private to root, and postgres runs as its own user
-    d = Path(tempfile.mkdtemp(prefix="hangd-pg-"))
-    data = d / "data"
-    port = free_port()
-    run_as: list[str] = []
-    if os.geteuid() == 0:  # postgres refuses to run as root
-        shutil.chown(d, "postgres")
-        run_as = ["runuser", "-u", "postgres", "--"]
-    subprocess.run([*run_as, str(bindir / "initdb"), "-D", str(data), "-A", "trust", "-U", "hangd"], check=True,
-                   capture_output=True)
-    subprocess.run([*run_as, str(bindir / "pg_ctl"), "-D", str(data), "-l", str(d / "pg.log"), "-w", "-o",
-                    f"-p {port} -k {d} -h 127.0.0.1", "start"], check=True, capture_output=True)
     try:
-        url = f"postgresql+psycopg://hangd@127.0.0.1:{port}/postgres"
-        yield url
+        pg = realpg.start()
+    except realpg.NoPostgres as e:
+        pytest.fail(f"{e} (`make test` installs it)")
+    try:
+        yield pg.url
     finally:
-        subprocess.run([*run_as, str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"], capture_output=True)
-        shutil.rmtree(d, ignore_errors=True)
+        pg.stop()
