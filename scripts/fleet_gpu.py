@@ -121,7 +121,9 @@ def healthy(run: Run, nodes: dict[str, NodeNs], urls: dict[str, str], db: str) -
             inc = get(url, "/incidents", job=key)
             run.check("healthy", f"{n}'s API lists no incident for the job", inc.get("total") == 0,
                       [(i["kind"], i["summary"]) for i in inc.get("incidents", [])])
+        # what each node saw of its GPU and its rank (NVML's view from inside a PID namespace)
         run.checks[-1]["gpus"] = {n: get(url, "/gpus") for n, url in urls.items()}
+        run.checks[-1]["processes"] = {n: get(url, "/processes") for n, url in urls.items()}
     finally:
         for n, p in zip(nodes, jobs, strict=True):
             nodes[n].kill_tree(p)
