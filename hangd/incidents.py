@@ -30,7 +30,7 @@ NEXT_STEP = {
     "nccl_stall": ("Look at what the culprit rank is doing (its stack below) instead of killing the job; "
                    "the ranks inside the collective are only waiting for it. Compare code paths that "
                    "issue collectives conditionally (data-dependent branches, different step counts)."),
-    "host_stall": ("The GPUs are idle and the ranks are blocked on the host. Read the culprit's stack: "
+    "host_stall": ("The ranks are blocked on the host, not on a GPU. Read the culprit's stack: "
                    "a rank waiting on something other than the collective (an event, a lock, a queue) "
                    "never reached the collective its peers are in. Do not send SIGABRT: the stacks here "
                    "are the evidence."),
