@@ -220,13 +220,20 @@ class HangdCollector(Collector):
                                  labels=["collector"])
         dur = GaugeMetricFamily("hangd_collector_duration_seconds", "How long each source took on the last tick.",
                                 labels=["collector"])
+        # a source turned off by a setting (nvml = false on a CPU node) reads nothing on purpose: the
+        # collector-down alert leaves it out, or every such node would page for its configuration
+        off = GaugeMetricFamily("hangd_collector_disabled", "Whether each source is turned off by a setting (1) or not (0).",
+                                labels=["collector"])
         for name, st in sorted(self.d.collector_stats().items()):
             succ.add_metric([name], 1.0 if st.success else 0.0)
             dur.add_metric([name], float(st.duration_s))
+            off.add_metric([name], 1.0 if st.disabled else 0.0)
         store_ok = 1.0 if self.d.store.healthy else 0.0
         succ.add_metric(["store"], store_ok)
+        off.add_metric(["store"], 0.0)
         yield succ
         yield dur
+        yield off
         yield from self.d.tick_histogram.collect()
         yield CounterMetricFamily("hangd_ticks", "Ticks run since start.", value=float(self.d.ticks))
         yield CounterMetricFamily("hangd_tick_failures", "Ticks that failed since start.", value=float(self.d.tick_failures))

@@ -57,6 +57,7 @@ class CollectorStats:
     duration_s: float = 0.0
     error: str | None = None
     failures_total: int = 0
+    disabled: bool = False  # turned off by a setting: not reading, on purpose
 
 
 @dataclass
@@ -69,7 +70,7 @@ class SourceRunner:
     def collect(self, t: float | None = None) -> Snapshot:
         snap = Snapshot(t=t if t is not None else time.time())
         for src in self.sources:
-            st = self.stats.setdefault(src.name, CollectorStats())
+            st = self.stats.setdefault(src.name, CollectorStats(disabled=isinstance(src, Disabled)))
             t0 = time.perf_counter()
             try:
                 src.collect(snap)
