@@ -40,6 +40,9 @@ from tests.fleet.nodes import NodeNs, unshare_prefix  # noqa: E402
 WORKLOAD = ROOT / "tests" / "workloads" / "gpu_job.py"
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 HOLD_HEALTHY = float(os.environ.get("FLEET_GPU_HEALTHY_S", "40"))
+# the GPU of each node; "0,0" with GPU_JOB_BACKEND=gloo runs both nodes on a host with one GPU (a dry run:
+# NCCL refuses two ranks on one device)
+GPUS = os.environ.get("FLEET_GPU_GPUS", "0,1").split(",")
 
 
 class Run:
@@ -190,7 +193,7 @@ def main() -> int:
     os.chmod(tmp, 0o755)
     pg = realpg.start(os.environ.get("HANGD_PG_ROOT"))
     user = unshare_prefix()
-    nodes = {n: NodeNs(n, tmp, user, env={"CUDA_VISIBLE_DEVICES": str(i)}) for i, n in enumerate(("node-a", "node-b"))}
+    nodes = {n: NodeNs(n, tmp, user, env={"CUDA_VISIBLE_DEVICES": GPUS[i]}) for i, n in enumerate(("node-a", "node-b"))}
     urls: dict[str, str] = {}
     hangds: dict[str, Any] = {}
     try:
@@ -213,7 +216,8 @@ def main() -> int:
                 tf.add(f, arcname=f.name)
     failed = [c for c in run.checks if not c["ok"]]
     (out / "fleet-gpu.json").write_text(json.dumps({
-        "what": "two hangd serve as two nodes (PID namespaces), one H200 each, NCCL between them, one PostgreSQL",
+        "what": "two hangd serve as two nodes (PID namespaces), one GPU each, their ranks' collectives between them, "
+                "one PostgreSQL", "gpus_of_nodes": GPUS, "backend": os.environ.get("GPU_JOB_BACKEND") or "nccl",
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(run.t0)), "seconds": round(time.time() - run.t0, 1),
         "passed": len(run.checks) - len(failed), "failed": len(failed), "checks": run.checks}, indent=1, default=str))
     print(f"{len(run.checks) - len(failed)} of {len(run.checks)} checks passed")

@@ -43,7 +43,9 @@ def main() -> None:
     dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", RANK))) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(dev)
-    dist.init_process_group("nccl" if cuda else "gloo", device_id=dev if cuda else None)
+    # GPU_JOB_BACKEND=gloo: gloo between ranks that share one GPU (NCCL refuses two ranks on one device)
+    backend = os.environ.get("GPU_JOB_BACKEND") or ("nccl" if cuda else "gloo")
+    dist.init_process_group(backend, device_id=dev if cuda and backend == "nccl" else None)
     n = 4096 if cuda else 256
     w = torch.randn(n, n, device=dev, dtype=torch.bfloat16 if cuda else torch.float32)
     grad = torch.zeros(64 * 1024 * 1024 if cuda else 1 << 16, device=dev)
