@@ -26,6 +26,8 @@ WORK = ROOT / "tests" / "workloads"
 # (seconds recorded, action, at seconds)
 SCENARIOS = {
     "nccl_stall": (36, None, None),
+    # nccl_stall with gloo between two ranks on CUDA tensors (runs on one GPU): rank 0 waits in a CUDA sync
+    "gloo_cuda_stall": (36, None, None),
     "straggler": (34, None, None),
     "orphan": (32, "sigkill_launcher", 14),
     "compile": (50, None, None),
@@ -59,7 +61,10 @@ def run(name: str, out: Path, hangd: list[str]) -> dict:
     env = dict(os.environ, **MULTICAST_OFF, TORCH_FR_BUFFER_SIZE="2000",
                TORCH_FR_DUMP_TEMP_FILE=str(job / "fr_rank_"), TORCH_NCCL_DEBUG_INFO_PIPE_FILE=str(job / "frpipe_"),
                TORCH_NCCL_DUMP_ON_TIMEOUT="1", HF_TOKEN="hf_FAKEplantedTOKENforREDACTION")
-    launcher = subprocess.Popen([sys.executable, str(WORK / "launch.py"), "2", str(job), str(WORK / "gpu_job.py"), name, str(job)],
+    if name == "gloo_cuda_stall":
+        env["GPU_JOB_BACKEND"] = "gloo"
+    scenario = {"gloo_cuda_stall": "nccl_stall"}.get(name, name)
+    launcher = subprocess.Popen([sys.executable, str(WORK / "launch.py"), "2", str(job), str(WORK / "gpu_job.py"), scenario, str(job)],
                                 cwd=ROOT, env=env, start_new_session=True)
     actions = []
     t0 = time.time()

@@ -5,7 +5,8 @@ NCCL on GPUs (gloo on CPU for a dry run). Each rank appends its true state to
 {"t", "pid", "rank", "state", "phase"}.
 
 Scenarios:
-  nccl_stall  train, then rank 1 stops calling collectives; rank 0 blocks in all_reduce
+  nccl_stall  train, then rank 1 stops calling collectives; rank 0 blocks in all_reduce (with
+              GPU_JOB_BACKEND=gloo on CUDA tensors: in torch.cuda.synchronize, its GPU idle)
   straggler   train while rank 1 sleeps --sleep s every step
   orphan      train (the driver SIGKILLs the launcher; the ranks keep going)
   compile     torch.compile warm-up (compiling), then train
@@ -40,7 +41,9 @@ def truth(state: str, phase: str) -> None:
 def main() -> None:
     truth("starting", "init")
     cuda = torch.cuda.is_available()
-    dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", RANK))) if cuda else torch.device("cpu")
+    # ranks share the GPUs there are (two ranks on a host with one GPU: GPU_JOB_BACKEND=gloo)
+    dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", RANK)) % torch.cuda.device_count()) if cuda \
+        else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(dev)
     # GPU_JOB_BACKEND=gloo: gloo between ranks that share one GPU (NCCL refuses two ranks on one device)
