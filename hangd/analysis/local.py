@@ -79,11 +79,6 @@ def classify(s: ProcSignals, ctx: Context, th: Thresholds) -> Reading:
                        f"spinning on the GPU: util {g.util or 0:.0f}% with the memory controller idle")
     if v.kind in WAIT_VERDICTS:
         return Reading(Local.WAITING, f"its stack is {v.why}: {v.frame}")
-    if v.kind == "gpu_sync" and s.gpu_indexes and not g.active(th) and not g.any_work():
-        # waiting for a GPU that does nothing: its stream waits on work queued elsewhere (gloo's
-        # threads running a collective on CUDA tensors, an event another rank never records)
-        return Reading(Local.WAITING, f"its stack is {v.why} ({v.frame}) and the GPU does nothing: the stream "
-                                      "waits for work queued elsewhere (a collective, a peer)")
     if not s.gpu_indexes and (s.cpu_cores or 0) >= th.cpu_active_cores and ctx.progressed_recently:
         return Reading(Local.BUSY, f"on CPU ({s.cpu_cores or 0:.1f} cores) and progressing: {ctx.progress_why}")
     if v.kind == "request_wait" or (s.wchan or "") in REQUEST_WCHANS:

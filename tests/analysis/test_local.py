@@ -13,7 +13,7 @@ from hangd.analysis.signals import GpuSignals, ProcSignals, Thresholds
 TH = Thresholds()
 GiB = 1 << 30
 STACK = {k: stackcat.Verdict(k, k, "f.py:fn:1", "MainThread", 50) for k in
-         ("collective", "store", "request_wait", "loading", "compiling", "graph_capture", "lock_wait", "gpu_sync")}
+         ("collective", "store", "request_wait", "loading", "compiling", "graph_capture", "lock_wait")}
 
 
 def sig(**kw) -> ProcSignals:
@@ -54,14 +54,6 @@ ROWS = [
     ("zombie", sig(state="Z"), None, Local.ZOMBIE),
     ("uninterruptible I/O, no bytes moving", sig(gpu=IDLE, state="D", d_fraction=1.0, wchan="nfs_wait"), None, Local.IO_WAIT),
     ("blocked on an event (the culprit of a host-side hang)", sig(gpu=IDLE), "lock_wait", Local.QUIET),
-    # gloo all_reduce of CUDA tensors: the main thread syncs on a stream that waits for gloo's thread,
-    # which waits for the peer; the GPU does nothing (on a shared H200, two ranks, one GPU)
-    ("in a CUDA sync while the GPU does nothing", sig(gpu=IDLE), "gpu_sync", Local.WAITING),
-    ("in a CUDA sync while the GPU works (a normal step)", sig(gpu=WORKS, state="R", cpu_cores=1.0), "gpu_sync", Local.BUSY),
-    ("in a CUDA sync while an NCCL kernel spins", sig(gpu=SPINS, state="R", cpu_cores=1.0), "gpu_sync", Local.SPINNING),
-    ("in a CUDA sync, a few kernels (util above idle)", sig(gpu=GpuSignals(util=20, sm=3, has_gpm=True)), "gpu_sync",
-     Local.QUIET),
-    ("in a CUDA sync with no GPU of its own known", sig(), "gpu_sync", Local.QUIET),
     ("on CPU with no proof of progress", sig(state="R", cpu_cores=1.0), None, Local.CPU),
     ("sleeping, nothing known", sig(gpu=IDLE), None, Local.QUIET),
 ]
