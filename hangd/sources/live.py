@@ -30,10 +30,13 @@ class LiveNode:
         self.output = OutputSource(proc_root=settings.proc_root)
         self.flight = FlightSource(proc_root=settings.proc_root)
         self.stacks = StackSource(timeout_s=settings.pyspy_timeout) if settings.stacks else None
-        sources: list = [s for s in (self.nvml, self.proc, self.output, self.flight) if s is not None]
+        sources: list = [s for s in (self.nvml, self.proc, self.output, self.flight, self.stacks) if s is not None]
         if self.nvml is None:
             sources.insert(0, Disabled("nvml", "turned off by the setting nvml = false (HANGD_NVML=0)",
                                        "HINT: unset HANGD_NVML or set nvml = true to see GPUs"))
+        if self.stacks is None:
+            sources.append(Disabled("stacks", "turned off by the setting stacks = false (HANGD_STACKS=0): host-side "
+                                    "hangs go unseen", "HINT: unset HANGD_STACKS or set stacks = true"))
         self.runner = SourceRunner(sources)
         self._pending: list[tuple[int, bool]] = []
         self._pending_fr: list[int] = []

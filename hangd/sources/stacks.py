@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 
-from hangd.snapshot import Frame, StackSample, ThreadStack
+from hangd.snapshot import Frame, Snapshot, StackSample, ThreadStack
 from hangd.sources.base import Unavailable
 
 PTRACE_HINT = "HINT: run as root or grant CAP_SYS_PTRACE"
@@ -96,10 +96,19 @@ def parse_stack(raw: str, fmt: str) -> list[ThreadStack]:
 
 
 def find_pyspy() -> str | None:
+    """py-spy beside this Python (a virtualenv), on PATH, or in the ``bin`` beside a folder on
+    sys.path (``pip install --target DIR`` puts the package in DIR and the program in DIR/bin)."""
     beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
     if os.access(beside, os.X_OK):
         return beside
-    return shutil.which("py-spy")
+    found = shutil.which("py-spy")
+    if found:
+        return found
+    for d in sys.path:
+        cand = os.path.join(d or ".", "bin", "py-spy")
+        if os.access(cand, os.X_OK):
+            return cand
+    return None
 
 
 class StackSource:
@@ -113,7 +122,16 @@ class StackSource:
 
     def check(self) -> None:
         if not self.pyspy:
-            raise Unavailable("py-spy not found", "HINT: pip install py-spy (hangd depends on it)")
+            self.pyspy = find_pyspy()  # installed since: found without a restart
+        if not self.pyspy:
+            raise Unavailable("py-spy not found: without stacks a rank blocked in a collective cannot be told "
+                              "from an idle one, and host-side hangs go unseen",
+                              "HINT: pip install py-spy (hangd depends on it) where hangd runs, or put it on PATH")
+
+    def collect(self, snap: Snapshot) -> None:
+        """Every tick: say when stacks cannot be taken, as the other sources say they cannot read
+        (/readyz, ``hangd status``, hangd_collector_success). Dumps are taken on request only."""
+        self.check()
 
     def dump(self, pid: int, native: bool = False) -> StackSample:
         """One dump. ``native`` pauses the target while it walks native frames: only for

@@ -175,3 +175,36 @@ def test_docs_need_the_token_and_load_nothing_from_outside(tmp_path, served):
             assert u.startswith("/"), u
             r = s.get(u, headers=auth)
             assert r.status_code == 200 and len(r.content) > 0, (page, u, r.status_code)
+
+
+def test_a_node_without_py_spy_says_hangs_on_the_host_go_unseen_and_heals_once_it_is_installed(tmp_path):
+    """Without py-spy no rank is ever seen blocked in a collective, so a host-side hang is never
+    declared (seen on a GPU host where py-spy was installed off PATH). hangd says so from the first
+    tick, as a failing source, and finds py-spy once it is installed, without a restart."""
+    import sys
+
+    from .conftest import Served
+
+    venv_py = Path(sys.executable)
+    real_py = Path(os.path.realpath(venv_py))  # the interpreter outside the virtualenv that holds py-spy
+    site = [p for p in sys.path if p.endswith("site-packages")]
+    later = tmp_path / "later"  # on sys.path; its bin/ gets py-spy while hangd runs
+    later.mkdir()
+    port = free_port()
+    log = tmp_path / "serve.log"
+    env = dict(os.environ, PATH="/usr/bin:/bin", PYTHONPATH=os.pathsep.join([str(ROOT), *site, str(later)]))
+    proc = subprocess.Popen([str(real_py), "-m", "hangd", "serve", "--listen", f"127.0.0.1:{port}", "--db",
+                             f"sqlite:///{tmp_path / 'h.db'}", "--interval", "0.5"], cwd=ROOT,
+                            stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env)
+    s = Served(proc, f"http://127.0.0.1:{port}", "", log)
+    try:
+        detail = s.wait_for(lambda s: (d := s.get("/readyz").json()["detail"]) != "no tick yet" and d, 60, "a tick")
+        assert "source stacks unavailable: py-spy not found" in detail and "host-side hangs go unseen" in detail, detail
+        assert 'hangd_collector_success{collector="stacks"} 0.0' in s.get("/metrics").text
+        (later / "bin").mkdir()
+        (later / "bin" / "py-spy").symlink_to(venv_py.parent / "py-spy")
+        s.wait_for(lambda s: "stacks" not in s.get("/readyz").json()["detail"], 20, "py-spy found")
+        assert 'hangd_collector_success{collector="stacks"} 1.0' in s.get("/metrics").text
+        assert "source stacks reads again" in log.read_text()
+    finally:
+        s.stop()
