@@ -41,12 +41,16 @@ def test_pyspy_dumps_a_real_child_without_stopping_it():
         child.wait()
 
 
-def test_pyspy_missing_is_unavailable_with_hint():
+def test_pyspy_missing_is_unavailable_with_hint(monkeypatch):
+    # where none can be found (a live hangd without it: tests/server/test_faults.py)
+    import hangd.sources.stacks as stacks
+
+    monkeypatch.setattr(stacks, "find_pyspy", lambda: None)
     src = StackSource(pyspy="/nonexistent/py-spy")
     src.pyspy = None
     with pytest.raises(Unavailable) as e:
         src.check()
-    assert "HINT" in str(e.value)
+    assert "HINT" in str(e.value) and "host-side hangs go unseen" in str(e.value)
 
 
 def test_pyspy_on_a_vanished_pid_reports_error():
