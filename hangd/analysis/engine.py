@@ -366,16 +366,24 @@ class Analyzer:
             self._fr_finding(job_id, tr, f, t)
 
     def _fr_finding(self, job_id: str, tr: JobTrack, f: Finding, t: float) -> None:
-        key = (f.kind, f.pg, f.seq, tuple(sorted(set(f.nodes.values()))) if f.kind == "node_silent" else ())
+        key = _fr_key(f)
+        wider = None
         if key in tr.fr_keys:
-            return
+            # the same finding over more ranks (the other nodes' dumps came after this node's own)
+            # takes the place of the narrower one; otherwise it is said once
+            wider = next((i for i, x in enumerate(tr.findings) if _fr_key(x) == key and _fr_width(x) < _fr_width(f)), None)
+            if wider is None:
+                return
         if f.kind in ("missing_rank", "stuck") and self._job_progressing(job_id, t):
             return  # a dump of a job that still progresses catches collectives in flight
         tr.fr_keys.add(key)
         f.source = "flight_recorder"
-        tr.findings.append(f)
+        if wider is None:
+            tr.findings.append(f)
+        else:
+            tr.findings[wider] = f
         self._finding({"t": round(t, 3), "job": job_id, **f.to_dict()})
-        if f.kind in mismatch.KINDS:
+        if f.kind in mismatch.KINDS and wider is None:
             mismatch.step(self.env, job_id, self.job_defs.get(job_id), tr, f, t)
         inc = self.book.get(job_id, hang.FAMILY)
         if inc is not None:
@@ -654,6 +662,14 @@ class Analyzer:
             if tr.fr_asked is None or t - tr.fr_asked > th.fr_rerequest_s:
                 tr.fr_asked = t
                 self.requests.fr_dumps.extend(live)
+
+
+def _fr_key(f: Finding) -> tuple[str, str | None, int | None, tuple[str, ...]]:
+    return f.kind, f.pg, f.seq, tuple(sorted(set(f.nodes.values()))) if f.kind == "node_silent" else ()
+
+
+def _fr_width(f: Finding) -> int:
+    return len(set(f.ranks) | set(f.missing_ranks))
 
 
 def _wait_point(h: ProcHistory) -> str | None:

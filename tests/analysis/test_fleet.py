@@ -257,3 +257,32 @@ def test_a_dump_read_on_another_node_longer_ago_than_the_stale_window_is_not_com
     assert "older than 15 s" in silent["message"], silent["message"]
     (inc,) = node.an.incidents()
     assert inc.culprit_ranks == [], inc.summary
+
+
+def test_a_finding_made_from_this_node_s_dumps_widens_when_the_other_node_s_dumps_arrive():
+    """Node-b holds the culprit: its own dumps show rank 3 missing from #12 at once; node-a's,
+    arriving a few seconds later, widen the same finding to the ranks there (one finding, not two)."""
+    from hangd.snapshot import FrDump, RemoteDump
+
+    node = Node([P(700, 1), P(701, 700, _env(2), gpu=0, look="spin", state="R", cpu_ticks_per_s=100),
+                 P(702, 700, _env(3), gpu=1)])
+    node.name = "node-b"
+    node.remote = lambda t: [RemoteRank(job=JOB, node="node-a", rank=r, pid=100 + r, state="waiting_peer", reason="",
+                                        waits=True, last_progress=900.0, reported_at=t - 1) for r in (0, 1)]
+    node.remote_dumps = lambda t: [RemoteDump(job=JOB, node="node-a", rank=r, read_at=1024.0, reported_at=t - 1,
+                                              dump=_dump(r, 12)) for r in (0, 1)] if t >= 1024 else []
+    node.run(20)
+    node.pending_fr = [FrDump(pid=701, rank=2, format="pickle", path="/fr/rank_2", dump=_dump(2, 12)),
+                       FrDump(pid=702, rank=3, format="pickle", path="/fr/rank_3", dump=_dump(3, 11))]
+    node.run(2)
+    (tr,) = [tr for tr in node.an.job_tracks.values() if tr.fr]
+    (f,) = [f for f in tr.findings if f.kind == "missing_rank"]
+    assert f.ranks == [2] and f.missing_ranks == [3]
+    node.run(6)
+    (f,) = [f for f in tr.findings if f.kind == "missing_rank"]
+    assert f.ranks == [0, 1, 2] and f.missing_ranks == [3], f.message
+    assert "ranks 0, 1 on node-a and 2 entered it and wait" in f.message, f.message
+    (inc,) = node.an.incidents()
+    assert [x["ranks"] for x in inc.findings if x["kind"] == "missing_rank"] == [[0, 1, 2]]
+    assert inc.culprit_ranks == [3] and inc.culprit_pids == [702], inc.summary
+    assert node.an.take_fr_dumps().keys() == {(JOB, 2), (JOB, 3)}  # for node-a, through the store
