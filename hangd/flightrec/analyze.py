@@ -29,7 +29,7 @@ def _size_checked(op: str) -> bool:
 
 @dataclass
 class Finding:
-    kind: str  # missing_rank | op_mismatch | size_mismatch | dtype_mismatch | stuck | unreadable | missing_dump
+    kind: str  # missing_rank | op_mismatch | size_mismatch | dtype_mismatch | stuck | unreadable | missing_dump | node_silent
     pg: str | None
     seq: int | None
     op: str | None

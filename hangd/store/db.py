@@ -876,7 +876,8 @@ class Store:
     def _write_fr(self, s: Session, fr: dict[tuple[str, int], tuple[float, Any]]) -> None:
         """Each rank's newest dump replaces the one the store held of it: its row is updated in
         place (its id stays, so readers see a new ``read_at``), its entries deleted and written."""
-        for (job, rank), (read_at, dump) in fr.items():
+        for (key, rank), (read_at, dump) in fr.items():
+            job = key[:255]
             head, entries = frrows.to_rows(dump)
             head["read_at"] = read_at
             row = s.execute(select(FR_RANKS.c.id, FR_RANKS.c.read_at).where(
@@ -884,7 +885,7 @@ class Store:
             if row is not None and row.read_at > read_at:
                 continue  # a newer one is there already
             if row is None:
-                dump_id = s.execute(insert(FR_RANKS).values(node_id=self.node_id, job=job[:255], rank=rank, **head)
+                dump_id = s.execute(insert(FR_RANKS).values(node_id=self.node_id, job=job, rank=rank, **head)
                                     .returning(FR_RANKS.c.id)).scalar_one()
             else:
                 dump_id = row.id
@@ -1115,23 +1116,32 @@ class Store:
             return []
         now = now or time.time()
         R = FR_RANKS
-        q = (select(R.c.id, R.c.job, R.c.rank, R.c.read_at, R.c.version, R.c.pg_config, R.c.pg_status, NODES.c.hostname,
-                    NODES.c.last_seen.label("reported_at"))
+        q = (select(R.c.id, R.c.job, R.c.rank, R.c.read_at, NODES.c.hostname, NODES.c.last_seen.label("reported_at"))
              .join(NODES, NODES.c.id == R.c.node_id)
              .where(R.c.job.in_(sorted(set(jobs))), R.c.node_id != self.node_id, NODES.c.last_seen >= now - NODE_FORGET_S))
         cache = self._dump_cache
         with self.Session() as s:
             heads = list(s.execute(q))
             new = [h for h in heads if h.id not in cache or cache[h.id][0] != h.read_at]
+            full: dict[int, Any] = {}
             entries: dict[int, list[dict[str, Any]]] = {h.id: [] for h in new}
             for part in _padded([h.id for h in new]):
+                # the group status (its ranks lists grow with the world) only of the dumps not read before
+                for row in s.execute(select(R.c.id, R.c.read_at, R.c.version, R.c.pg_config, R.c.pg_status)
+                                     .where(R.c.id.in_(part))):
+                    full[row.id] = row
                 for e in s.execute(select(FR_ENTRIES).where(FR_ENTRIES.c.dump_id.in_(part)).order_by(FR_ENTRIES.c.id)):
                     entries[e.dump_id].append(e._asdict())
         for h in new:
-            cache[h.id] = (h.read_at, frrows.from_rows(h.rank, {"version": h.version, "pg_config": h.pg_config,
-                                                                "pg_status": h.pg_status}, entries[h.id]))
+            got = full.get(h.id)
+            if got is None:
+                continue  # gone between the two reads (retention)
+            # the read_at read before the entries: a dump replaced in between is read whole again next time
+            cache[h.id] = (got.read_at, frrows.from_rows(h.rank, {"version": got.version, "pg_config": got.pg_config,
+                                                                  "pg_status": got.pg_status}, entries[h.id]))
+        heads = [h for h in heads if h.id in cache]
         _keep_only(cache, {h.id for h in heads})
-        return [RemoteDump(job=h.job, node=h.hostname, rank=h.rank, read_at=h.read_at, reported_at=h.reported_at,
+        return [RemoteDump(job=h.job, node=h.hostname, rank=h.rank, read_at=cache[h.id][0], reported_at=h.reported_at,
                            dump=cache[h.id][1]) for h in heads]
 
     def fleet_jobs(self, key: str | None = None, now: float | None = None) -> dict[str, dict[str, Any]]:
