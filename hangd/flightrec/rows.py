@@ -22,7 +22,13 @@ _LIMITS = {"pg": 255, "op": 128, "state": 32}
 
 
 def _clip(s: str, field: str) -> str:
-    return s[:_LIMITS[field]]
+    # a text column refuses NUL (PostgreSQL): one hostile name must not fail the batch it is in
+    return s.replace("\x00", "")[:_LIMITS[field]]
+
+
+def storable_rank(rank: int) -> bool:
+    """A rank the ``rank`` column holds (int4): a hostile dump's 2**40 is not written."""
+    return 0 <= rank < 2**31
 
 
 def to_rows(dump: Dump, keep: int = KEEP_PER_GROUP, cap: int = KEEP_PER_RANK) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -38,7 +44,7 @@ def to_rows(dump: Dump, keep: int = KEEP_PER_GROUP, cap: int = KEEP_PER_RANK) ->
         kept.append(e)
         if len(kept) >= cap:
             break
-    head = {"version": dump.version[:32] if dump.version else None, "pg_config": dump.pg_config,
+    head = {"version": dump.version.replace("\x00", "")[:32] if dump.version else None, "pg_config": dump.pg_config,
             "pg_status": dump.pg_status, "entries": len(dump.entries)}
     rows = [{"pg": _clip(e.pg, "pg"), "pg_id": e.pg_id, "seq": e.seq, "p2p_seq": e.p2p_seq, "op": _clip(e.op, "op"),
              "state": _clip(e.state, "state"), "completed": e.completed, "is_p2p": e.is_p2p,

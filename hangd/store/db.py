@@ -877,6 +877,8 @@ class Store:
         """Each rank's newest dump replaces the one the store held of it: its row is updated in
         place (its id stays, so readers see a new ``read_at``), its entries deleted and written."""
         for (key, rank), (read_at, dump) in fr.items():
+            if not frrows.storable_rank(rank):
+                continue
             job = key[:255]
             head, entries = frrows.to_rows(dump)
             head["read_at"] = read_at

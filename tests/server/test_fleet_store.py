@@ -325,3 +325,18 @@ def test_the_flight_recorder_tables_migrate_down_and_up(postgres_url, tmp_path):
         with admin.connect() as c:
             c.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
         admin.dispose()
+
+
+def test_a_hostile_dump_does_not_fail_the_batch_it_is_in(fleet):
+    """NUL in names (a text column refuses it) and a rank no column holds: written clean or left
+    out, and the store stays healthy (a failed batch would be retried for ever)."""
+    (a, b), job = fleet
+    t = time.time()
+    bad = _fr_dump(1, 3)
+    for e in bad.entries:
+        e.op, e.pg, e.input_dtypes = "nccl:all_\x00reduce", "0\x00", ["Fl\x00oat"]
+    a.submit(Batch(t=t, fr={(job, 1): (t, bad), (job, 2**40): (t, _fr_dump(0, 3)), (job, 0): (t, _fr_dump(0, 3))}))
+    assert a.healthy, a.last_error
+    got = {d.rank: d.dump for d in b.remote_dumps([job], t)}
+    assert sorted(got) == [0, 1]
+    assert {e.op for e in got[1].entries} == {"nccl:all_reduce"} and got[1].entries[0].input_dtypes == ["Fl\x00oat"]
