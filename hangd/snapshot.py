@@ -181,6 +181,21 @@ class RemoteRank:
 
 
 @dataclass(slots=True)
+class RemoteDump:
+    """A rank's newest flight-recorder dump, of a job that spans nodes, as the hangd of the node it
+    runs on read it and wrote it to the shared store: its process groups' status and its newest
+    entries per group (no frames). Handed in with the snapshot like ``RemoteRank``; times are Unix
+    seconds of that node's clock."""
+
+    job: str
+    node: str
+    rank: int
+    read_at: float  # when that node read the dump
+    reported_at: float  # that node's hangd's last heartbeat
+    dump: Any  # a hangd.flightrec.reader.Dump rebuilt from the rows
+
+
+@dataclass(slots=True)
 class Action:
     what: str
     pid: int | None = None
@@ -204,6 +219,9 @@ class Snapshot:
     # the ranks other nodes report for the jobs that span nodes (from a shared store); None when
     # there is no shared store, or it could not be read this time
     remote: list[RemoteRank] | None = None
+    # the flight-recorder dumps other nodes wrote of those jobs' ranks; None likewise (and in a
+    # replay: a trace does not carry them)
+    remote_dumps: list[RemoteDump] | None = None
     node: str | None = None  # this node's name among the nodes sharing a store (None: alone)
 
     def is_empty(self) -> bool:

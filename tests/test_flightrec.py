@@ -211,3 +211,34 @@ def test_our_findings_include_pytorchs_analyzer_findings(tmp_path):
     assert theirs, res.stdout[-2000:] + res.stderr[-2000:]
     ours = {(f.kind, f.seq, tuple(f.missing_ranks)) for f in analyze([read_file(str(p)) for p in sorted(d.iterdir())])}
     assert theirs <= ours
+
+
+def test_what_a_shared_store_keeps_of_a_dump_gives_the_same_findings_and_no_frames():
+    """A recorded NCCL stall (rank 1 never entered all_reduce #399): rank 1's dump as the rows a
+    node writes for the others (newest 64 entries, no frames) tells the same story."""
+    from hangd.flightrec.rows import KEEP_PER_GROUP, from_rows, to_rows
+
+    d0, d1 = (read_file(str(TRACES / "nccl_stall" / "files" / f"nccl_trace_rank_{r}")) for r in (0, 1))
+    head, rows = to_rows(d1)
+    assert len(d1.entries) == 398 and len(rows) == KEEP_PER_GROUP and head["entries"] == 398
+    assert [r["seq"] for r in rows] == [e.seq for e in d1.entries[-KEEP_PER_GROUP:]]
+    assert "frames" not in rows[0] and "frames" not in json.dumps(head)
+    json.dumps(rows)  # what goes into JSON columns is plain data
+    back = from_rows(1, head, rows)
+    assert back.pg_status == d1.pg_status and all(e.frames == [] for e in back.entries)
+    msg = [(f.kind, f.seq, f.missing_ranks, f.message) for f in analyze([d0, d1])]
+    assert [(k, s, m) for k, s, m, _ in msg] == [("missing_rank", 399, [1])]
+    named = analyze([d0, back], nodes={1: "node-b"})
+    assert [(f.kind, f.seq, f.missing_ranks, f.nodes) for f in named] == [("missing_rank", 399, [1], {1: "node-b"})]
+    assert named[0].message == msg[0][3].replace("rank 1 never", "rank 1 on node-b never").replace(", 1:398", ", 1 on node-b:398")
+
+
+def test_a_dump_of_many_groups_keeps_a_bounded_number_of_rows_and_clips_long_names():
+    from hangd.flightrec.reader import Dump, Entry
+    from hangd.flightrec.rows import KEEP_PER_RANK, to_rows
+
+    entries = [Entry(record_id=i, pg=f"pg{i % 500}", pg_id=i % 500, seq=i // 500 + 1, p2p_seq=0, op="x" * 1000,
+                     state="scheduled", completed=False, input_sizes=[[1]], input_dtypes=["Float"], output_sizes=[[1]],
+                     is_p2p=False, frames=[], time_created_ns=None, timeout_ms=None) for i in range(10_000)]
+    _, rows = to_rows(Dump(rank=0, version="2.10", encoding="pickle", entries=entries))
+    assert len(rows) == KEEP_PER_RANK and rows[-1]["seq"] == 20 and len(rows[0]["op"]) == 128

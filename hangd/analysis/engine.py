@@ -19,7 +19,7 @@ import logging
 from collections import deque
 from typing import Any
 
-from hangd.analysis import stackcat
+from hangd.analysis import report, stackcat
 from hangd.analysis.detectors import Env, exits, hang, mismatch, orphan, straggler
 from hangd.analysis.identity import Job, group_jobs
 from hangd.analysis.local import REQUEST_WCHANS, Context, classify
@@ -38,7 +38,7 @@ from hangd.analysis.views import JobTrack, JobView, ProcTrack
 from hangd.evidence import Requests, decode_evidence
 from hangd.flightrec.analyze import Finding, analyze
 from hangd.incidents import Incident, IncidentBook
-from hangd.snapshot import GpuSample, RemoteRank, Snapshot
+from hangd.snapshot import GpuSample, RemoteDump, RemoteRank, Snapshot
 
 log = logging.getLogger("hangd.analysis")
 
@@ -63,6 +63,10 @@ class Analyzer:
         self._unattributed: dict[int, float] = {}
         # the ranks other nodes report for the jobs that span nodes (the newest a snapshot brought)
         self.remote: dict[str, list[RemoteRank]] = {}
+        # the flight-recorder dumps other nodes wrote of those jobs' ranks: job -> (node, rank) -> dump
+        self.remote_dumps: dict[str, dict[tuple[str, int], RemoteDump]] = {}
+        # dumps read here of ranks of jobs that span nodes, for the other nodes: (job, rank) -> (t, Dump)
+        self._fr_out: dict[tuple[str, int], tuple[float, Any]] = {}
         self.node_name: str | None = None  # this node's name in a fleet (it names ranks "rank 3 on node-b")
         self.last_t = 0.0  # the time of the newest snapshot
         self.env = Env(self.th, self.view, self.tracks, self.progress, self.book, node=lambda: self.node_name)
@@ -81,10 +85,13 @@ class Analyzer:
             for rr in snap.remote:
                 self.remote.setdefault(rr.job, []).append(rr)
         t = snap.t
+        fr_jobs = self._remote_dumps_arrived(snap.remote_dumps) if snap.remote_dumps is not None else set()
         for pid in self.view.new_stacks:
             self._stack_arrived(pid, t)
         if snap.fr_dumps:
-            self._fr_arrived(snap, t)
+            fr_jobs |= self._fr_arrived(snap, t)
+        for job_id in sorted(fr_jobs):
+            self._fr_analyze(job_id, t)
         for r in snap.ras:
             self._ras_arrived(r, t)
         if not snap.procs:
@@ -102,6 +109,12 @@ class Analyzer:
     def take_requests(self) -> Requests:
         r, self.requests = self.requests, Requests()
         return r
+
+    def take_fr_dumps(self) -> dict[tuple[str, int], tuple[float, Any]]:
+        """The flight-recorder dumps read since the last call of ranks of jobs that span nodes,
+        for a shared store: (job, rank) -> (when read, Dump); only a rank's newest."""
+        out, self._fr_out = self._fr_out, {}
+        return out
 
     def drain(self) -> list[Incident]:
         """Incidents opened, changed or resolved since the last drain."""
@@ -265,7 +278,8 @@ class Analyzer:
             p.verdict, p.verdict_t = v, t
             p.verdict_wchan = _wait_point(h)
 
-    def _fr_arrived(self, snap: Snapshot, t: float) -> None:
+    def _fr_arrived(self, snap: Snapshot, t: float) -> set[str]:
+        """Take in this node's dumps; the jobs that got one."""
         by_job: dict[str, list[int]] = {}
         for d in snap.fr_dumps:
             if d.error is not None:
@@ -298,22 +312,78 @@ class Analyzer:
             if pid is not None:
                 tr.fr_pids[rank] = pid
             by_job.setdefault(job_id, []).append(rank)
-        for job_id in by_job:
-            tr = self.job_tracks[job_id]
-            for f in analyze([d for (_, d) in tr.fr.values()]):
-                self._fr_finding(job_id, tr, f, t)
+            job = self.job_defs.get(job_id)
+            if self.node_name is not None and job is not None and job.spans_nodes:
+                self._fr_out[(job_id, rank)] = (t, dump)
+        return set(by_job)
+
+    def _remote_dumps_arrived(self, dumps: list[RemoteDump]) -> set[str]:
+        """Take in the other nodes' dumps; the jobs where one is new (or gone)."""
+        new: dict[str, dict[tuple[str, int], RemoteDump]] = {}
+        for d in dumps:
+            new.setdefault(d.job, {})[(d.node, d.rank)] = d
+        changed = set()
+        for job_id in set(new) | set(self.remote_dumps):
+            old = {k: d.read_at for k, d in self.remote_dumps.get(job_id, {}).items()}
+            if old != {k: d.read_at for k, d in new.get(job_id, {}).items()}:
+                changed.add(job_id)
+        self.remote_dumps = new
+        return changed
+
+    def _fr_analyze(self, job_id: str, t: float) -> None:
+        """Cross-rank findings over the job's dumps: this node's, and for a job that spans nodes
+        the other nodes' too. A dump read longer ago than the node-stale window, or from a node
+        that stopped reporting, is not compared (its rank would look behind the others): the node
+        is said to be silent instead."""
+        tr = self.job_tracks.setdefault(job_id, JobTrack())
+        if not tr.fr:
+            return  # only the other nodes' dumps: their own nodes compare those
+        dumps = {r: d for r, (_, d) in tr.fr.items()}
+        nodes: dict[int, str] = {}
+        silent: dict[str, list[RemoteDump]] = {}
+        job = self.job_defs.get(job_id)
+        for (node, rank), rd in sorted(self.remote_dumps.get(job_id, {}).items()) if job and job.spans_nodes else []:
+            if rank in dumps and rank not in nodes:
+                continue  # this node's own dump of the rank
+            if rd.reported_at < t - self.th.node_stale_s or rd.read_at < t - self.th.node_stale_s:
+                silent.setdefault(node, []).append(rd)
+                continue
+            dumps[rank], nodes[rank] = rd.dump, node
+        for node, rds in sorted(silent.items()):
+            rd = rds[0]
+            ranks = sorted(x.rank for x in rds)
+            plural = "s" if len(ranks) > 1 else ""
+            why = (f"no report since {report.clock(rd.reported_at)}" if rd.reported_at < t - self.th.node_stale_s
+                   else f"its newest flight-recorder dump{plural} (read at {report.clock(max(x.read_at for x in rds))}) "
+                        f"{'are' if plural else 'is'} older than {self.th.node_stale_s:.0f} s")
+            self._fr_finding(job_id, tr, Finding(
+                kind="node_silent", pg=None, seq=None, op=None, ranks=ranks, nodes={r: node for r in ranks},
+                message=f"{node}: {why}; the flight-recorder entries of its rank{plural} {', '.join(map(str, ranks))} "
+                        "are not compared"), t)
+        if len(dumps) < 2:
+            return
+        for f in analyze(list(dumps.values()), nodes=nodes):
+            self._fr_finding(job_id, tr, f, t)
 
     def _fr_finding(self, job_id: str, tr: JobTrack, f: Finding, t: float) -> None:
-        key = (f.kind, f.pg, f.seq)
+        key = _fr_key(f)
+        wider = None
         if key in tr.fr_keys:
-            return
+            # the same finding over more ranks (the other nodes' dumps came after this node's own)
+            # takes the place of the narrower one; otherwise it is said once
+            wider = next((i for i, x in enumerate(tr.findings) if _fr_key(x) == key and _fr_width(x) < _fr_width(f)), None)
+            if wider is None:
+                return
         if f.kind in ("missing_rank", "stuck") and self._job_progressing(job_id, t):
             return  # a dump of a job that still progresses catches collectives in flight
         tr.fr_keys.add(key)
         f.source = "flight_recorder"
-        tr.findings.append(f)
+        if wider is None:
+            tr.findings.append(f)
+        else:
+            tr.findings[wider] = f
         self._finding({"t": round(t, 3), "job": job_id, **f.to_dict()})
-        if f.kind in mismatch.KINDS:
+        if f.kind in mismatch.KINDS and wider is None:
             mismatch.step(self.env, job_id, self.job_defs.get(job_id), tr, f, t)
         inc = self.book.get(job_id, hang.FAMILY)
         if inc is not None:
@@ -564,6 +634,8 @@ class Analyzer:
                        and not any(k[0] == j for k in self.book.open)]:
             del self.job_tracks[job_id]
             self.dropped["jobs"] += 1
+        for key in [k for k in self._fr_out if k[0] not in self.job_tracks]:
+            del self._fr_out[key]
 
     # ------------------------------------------------------------------ requests
 
@@ -590,6 +662,14 @@ class Analyzer:
             if tr.fr_asked is None or t - tr.fr_asked > th.fr_rerequest_s:
                 tr.fr_asked = t
                 self.requests.fr_dumps.extend(live)
+
+
+def _fr_key(f: Finding) -> tuple[str, str | None, int | None, tuple[str, ...]]:
+    return f.kind, f.pg, f.seq, tuple(sorted(set(f.nodes.values()))) if f.kind == "node_silent" else ()
+
+
+def _fr_width(f: Finding) -> int:
+    return len(set(f.ranks) | set(f.missing_ranks))
 
 
 def _wait_point(h: ProcHistory) -> str | None:

@@ -57,7 +57,8 @@ class JobTrack:
     exits_reported: set[int] = field(default_factory=set)
     fr: dict[int, tuple[float, Any]] = field(default_factory=dict)  # rank -> (t, Dump)
     fr_pids: dict[int, int] = field(default_factory=dict)  # rank -> pid of the process that dumped
-    fr_keys: set[tuple[str, str | None, int | None]] = field(default_factory=set)
+    # (kind, pg, seq, the nodes a node_silent finding names): a finding is attached once
+    fr_keys: set[tuple[str, str | None, int | None, tuple[str, ...]]] = field(default_factory=set)
     findings: list[Any] = field(default_factory=list)  # flightrec Findings
     culprit: Culprit | None = None
     # ranks seen waiting in the collective since the job was judged hung: one that drops out of the

@@ -29,7 +29,7 @@ def _size_checked(op: str) -> bool:
 
 @dataclass
 class Finding:
-    kind: str  # missing_rank | op_mismatch | size_mismatch | dtype_mismatch | stuck | unreadable | missing_dump
+    kind: str  # missing_rank | op_mismatch | size_mismatch | dtype_mismatch | stuck | unreadable | missing_dump | node_silent
     pg: str | None
     seq: int | None
     op: str | None
@@ -43,12 +43,36 @@ class Finding:
     message: str = ""
     source: str = "file"
     created_ns: int | None = None  # when the entry in question was enqueued (for in-flight checks)
+    nodes: dict[int, str] = field(default_factory=dict)  # the ranks on other nodes: rank -> node
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        for k in ("ops", "sizes", "dtypes"):
+        for k in ("ops", "sizes", "dtypes", "nodes"):
             d[k] = {str(r): v for r, v in d[k].items()}
+        if not d["nodes"]:  # a job on one node: its findings read as they always did
+            del d["nodes"]
         return d
+
+
+class _Names:
+    """Ranks in words: a rank on another node says where ("rank 3 on node-b")."""
+
+    def __init__(self, nodes: dict[int, str] | None) -> None:
+        self.nodes = nodes or {}
+
+    def one(self, r: int) -> str:
+        return f"{r} on {self.nodes[r]}" if r in self.nodes else str(r)
+
+    def ranks(self, ranks: list[int]) -> str:
+        """``rank 1``, ``ranks 0, 1``, ``ranks 0, 1 and 3 on node-b``, ``ranks 2, 3 on node-b``."""
+        groups: dict[str | None, list[int]] = {}
+        for r in ranks:
+            groups.setdefault(self.nodes.get(r), []).append(r)
+        parts = [", ".join(map(str, rs)) + (f" on {n}" if n is not None else "") for n, rs in groups.items()]
+        return f"rank{'s' if len(ranks) > 1 else ''} " + " and ".join(parts)
+
+    def relevant(self, ranks: Any) -> dict[int, str]:
+        return {r: self.nodes[r] for r in ranks if r in self.nodes}
 
 
 def _describe(e: Entry) -> str:
@@ -58,9 +82,12 @@ def _describe(e: Entry) -> str:
     return f"{_base_op(e.op)} #{e.seq} ({n} {dt})" if n is not None else f"{_base_op(e.op)} #{e.seq}"
 
 
-def analyze(dumps: list[Dump], errors: dict[int | str, str] | None = None) -> list[Finding]:
+def analyze(dumps: list[Dump], errors: dict[int | str, str] | None = None,
+            nodes: dict[int, str] | None = None) -> list[Finding]:
     """Findings across the ranks of every process group in ``dumps``. ``errors`` are ranks whose
-    file could not be read; they become ``unreadable`` findings and the rest is analyzed."""
+    file could not be read; they become ``unreadable`` findings and the rest is analyzed.
+    ``nodes``: the ranks whose dump another node read (rank -> node), named so in the findings."""
+    names = _Names(nodes)
     findings: list[Finding] = []
     for who, why in (errors or {}).items():
         findings.append(Finding(kind="unreadable", pg=None, seq=None, op=None,
@@ -80,7 +107,7 @@ def analyze(dumps: list[Dump], errors: dict[int | str, str] | None = None) -> li
         members = sorted(r for r in groups[pg] if r in by_rank)
         if len(members) < 2:
             continue
-        findings.extend(_analyze_group(pg, {r: by_rank[r] for r in members}))
+        findings.extend(_analyze_group(pg, {r: by_rank[r] for r in members}, names))
     return findings
 
 
@@ -112,7 +139,8 @@ def missing_dumps(dumps: list[Dump], errors: dict[int | str, str] | None = None)
     return out
 
 
-def _analyze_group(pg_key: str, dumps: dict[int, Dump]) -> list[Finding]:
+def _analyze_group(pg_key: str, dumps: dict[int, Dump], names: _Names | None = None) -> list[Finding]:
+    names = names or _Names(None)
     out: list[Finding] = []
     pg = pg_key
     desc = next((d.pg_config[pg_key].get("desc") for d in dumps.values() if pg_key in d.pg_config), None)
@@ -147,10 +175,11 @@ def _analyze_group(pg_key: str, dumps: dict[int, Dump]) -> list[Finding]:
                 ops={r: e.op for r, e in have.items()}, sizes={r: e.input_sizes for r, e in have.items()},
                 dtypes={r: e.input_dtypes for r, e in have.items()}, frames=ref.frames, numel=ref.numel(),
                 created_ns=max((e.time_created_ns or 0) for e in have.values()) or None,
-                message=(f"rank{'s' if len(never) > 1 else ''} {', '.join(map(str, never))} never entered "
-                         f"{_describe(ref)} in pg {label}; rank{'s' if len(waiting) > 1 else ''} "
-                         f"{', '.join(map(str, waiting))} entered it and {'wait' if len(waiting) > 1 else 'waits'}"
-                         + "; last enqueued per rank: " + ", ".join(f"{r}:{last[r]}" for r in sorted(last))),
+                nodes=names.relevant(dumps),
+                message=(f"{names.ranks(never)} never entered "
+                         f"{_describe(ref)} in pg {label}; {names.ranks(waiting)} entered it and "
+                         f"{'wait' if len(waiting) > 1 else 'waits'}"
+                         + "; last enqueued per rank: " + ", ".join(f"{names.one(r)}:{last[r]}" for r in sorted(last))),
             ))
         if len(have) < 2:
             continue
@@ -158,20 +187,22 @@ def _analyze_group(pg_key: str, dumps: dict[int, Dump]) -> list[Finding]:
         kwargs: dict[str, Any] = dict(pg=pg, seq=seq, op=ref.op, ranks=sorted(have), ops=ops,
                                       sizes={r: e.input_sizes for r, e in have.items()},
                                       dtypes={r: e.input_dtypes for r, e in have.items()},
-                                      frames=ref.frames, numel=ref.numel())
+                                      frames=ref.frames, numel=ref.numel(), nodes=names.relevant(have))
         if len(set(ops.values())) > 1:
             out.append(Finding(kind="op_mismatch", message=f"ranks issued different ops for seq {seq} in pg {label}: "
-                               + ", ".join(f"rank {r}: {o}" for r, o in sorted(ops.items())), **kwargs))
+                               + ", ".join(f"rank {names.one(r)}: {o}" for r, o in sorted(ops.items())), **kwargs))
             continue
         if _size_checked(ref.op):
             sizes = {r: repr(e.input_sizes) for r, e in have.items()}
             if len(set(sizes.values())) > 1:
                 out.append(Finding(kind="size_mismatch", message=f"{_base_op(ref.op)} #{seq} in pg {label} has different sizes: "
-                                   + ", ".join(f"rank {r}: {e.input_sizes}" for r, e in sorted(have.items())), **kwargs))
+                                   + ", ".join(f"rank {names.one(r)}: {e.input_sizes}" for r, e in sorted(have.items())),
+                                   **kwargs))
         dts = {r: repr(e.input_dtypes) for r, e in have.items()}
         if len(set(dts.values())) > 1:
             out.append(Finding(kind="dtype_mismatch", message=f"{_base_op(ref.op)} #{seq} in pg {label} has different dtypes: "
-                               + ", ".join(f"rank {r}: {e.input_dtypes}" for r, e in sorted(have.items())), **kwargs))
+                               + ", ".join(f"rank {names.one(r)}: {e.input_dtypes}" for r, e in sorted(have.items())),
+                               **kwargs))
     # stuck: every rank enqueued the same seq, none completed it
     for seq in window:
         if not all(seq in seqs[r] for r in dumps):
@@ -185,6 +216,7 @@ def _analyze_group(pg_key: str, dumps: dict[int, Dump]) -> list[Finding]:
                                dtypes={r: e.input_dtypes for r, e in have.items()},
                                frames=ref.frames, numel=ref.numel(),
                                created_ns=max((e.time_created_ns or 0) for e in have.values()) or None,
+                               nodes=names.relevant(have),
                                message=f"all ranks entered {_describe(ref)} in pg {label} and none completed it"))
             break
     return out

@@ -124,6 +124,9 @@ class Daemon:
         got = self.store.cached_remote()
         fresh = got is not None and time.time() - got[0] <= self.settings.node_stale_s
         snap.remote = [r for r in got[1] if r.job in self._spanning] if got is not None and fresh else []
+        dumps = self.store.cached_remote_dumps()
+        fresh = dumps is not None and time.time() - dumps[0] <= self.settings.node_stale_s
+        snap.remote_dumps = [d for d in dumps[1] if d.job in self._spanning] if dumps is not None and fresh else []
 
     @property
     def tick_failures(self) -> int:
@@ -157,6 +160,9 @@ class Daemon:
             batch = self._rewrite_batch(snap.t, incidents) if rewrite else Batch(t=snap.t, incidents=[i.to_dict() for i in incidents])
             batch.changes = [{k: v for k, v in c.to_dict().items() if k != "evidence"} for c in changes]
             self._spanning = batch.spanning = self.analyzer.spanning_jobs()
+            fr = self.analyzer.take_fr_dumps()
+            if self.store.shared:  # the other nodes compare their ranks' dumps with these
+                batch.fr = fr
             # a shared database: every batch carries the ranks (the store writes those that changed
             # and moves the others' last_seen with the heartbeat)
             if now - self._last_full_write >= 10 or changes or rewrite or (self.store.shared and self._spanning):

@@ -55,9 +55,10 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, defer, sessionmaker
 from sqlalchemy.pool import NullPool
 
+from hangd.flightrec import rows as frrows
 from hangd.incidents import FAMILY
 from hangd.redact import redact_obj, redact_text
-from hangd.snapshot import RemoteRank
+from hangd.snapshot import RemoteDump, RemoteRank
 from hangd.store import models as m
 
 log = logging.getLogger("hangd.store")
@@ -79,6 +80,8 @@ JOBS = cast(Table, m.Job.__table__)
 GPUS = cast(Table, m.Gpu.__table__)
 NODES = cast(Table, m.Node.__table__)
 STATE_CHANGES = cast(Table, m.StateChange.__table__)
+FR_RANKS = cast(Table, m.FrRank.__table__)
+FR_ENTRIES = cast(Table, m.FrEntry.__table__)
 
 
 class _StartError(Exception):
@@ -249,6 +252,9 @@ class Batch:
     gpus: list[dict[str, Any]] | None = None
     seq: int = 0  # set when queued
     spanning: set[str] = field(default_factory=set)  # the jobs (keys) with ranks on other nodes
+    # flight-recorder dumps read this tick of ranks of jobs that span nodes: (job, rank) -> (read
+    # at, flightrec Dump); written to a shared store only, a newer queued dump of a rank replaces it
+    fr: dict[tuple[str, int], tuple[float, Any]] = field(default_factory=dict)
 
 
 class _Lock:
@@ -346,6 +352,10 @@ class Store:
         self._joined: set[int] = set()
         self._remote_jobs: set[str] = set()
         self._remote: tuple[float, list[RemoteRank]] | None = None
+        self._remote_dumps: tuple[float, list[RemoteDump]] | None = None
+        # fr_ranks row id -> (read_at, Dump): a dump is read again only once its node replaced it
+        self._dump_cache: dict[int, tuple[float, Any]] = {}
+        self._newest_fr: dict[tuple[str, int], Batch] = {}
         self.remote_read_failures = 0
         self._upgrade = upgrade_apart if migrate_apart else upgrade
         self.lock: _Lock | None = _Lock(url, hostname or socket.gethostname()) if exclusive else None
@@ -496,6 +506,12 @@ class Store:
                 old, self._newest_jobs = self._newest_jobs, batch
                 if old is not None:
                     old.jobs = None
+            # a rank's newer dump says all its older one still queued would (a dump is big)
+            for key in batch.fr:
+                older = self._newest_fr.get(key)
+                if older is not None and older is not batch:
+                    older.fr.pop(key, None)
+                self._newest_fr[key] = batch
         self.pending.append(batch)
         if self._writer is not None:
             self._wake.set()
@@ -552,6 +568,12 @@ class Store:
         with self._overlay_lock:
             return self._remote
 
+    def cached_remote_dumps(self) -> tuple[float, list[RemoteDump]] | None:
+        """The flight-recorder dumps other nodes wrote of those jobs' ranks, as last read: (when,
+        dumps), or None when never read."""
+        with self._overlay_lock:
+            return self._remote_dumps
+
     def _read_remote(self) -> None:
         with self._overlay_lock:
             jobs = sorted(self._remote_jobs)
@@ -559,6 +581,7 @@ class Store:
             return
         try:
             ranks = self.remote_ranks(jobs, time.time())
+            dumps = self.remote_dumps(jobs, time.time())
         except (SQLAlchemyError, OSError) as e:
             self.remote_read_failures += 1
             if time.time() - self._last_log > 60:
@@ -567,6 +590,7 @@ class Store:
             return
         with self._overlay_lock:
             self._remote = (time.time(), ranks)
+            self._remote_dumps = (time.time(), dumps)
 
     def _forget(self, b: Batch) -> None:
         """Drop a written (or dropped) batch's incidents from the overlay, unless a newer batch has them."""
@@ -581,6 +605,8 @@ class Store:
                 self._newest_procs = None
             if self._newest_jobs is b:
                 self._newest_jobs = None
+            for key in [k for k, v in self._newest_fr.items() if v is b]:
+                del self._newest_fr[key]
 
     def submit_flush(self) -> None:
         with self._lock:
@@ -651,6 +677,10 @@ class Store:
             self._write_jobs(s, jobs, b.t, touch)
         if b.gpus is not None:
             self._write_gpus(s, b.gpus, b.t, touch)
+        with self._overlay_lock:  # a newer batch queued meanwhile may take some
+            fr = dict(b.fr)
+        if fr and self.shared:
+            self._write_fr(s, fr)
         if touch:
             self._touched_at = b.t
             s.execute(update(NODES).where(NODES.c.id == self.node_id).values(last_seen=b.t))
@@ -851,6 +881,29 @@ class Store:
             self._job_rows.clear()
             self._write_jobs(s, jobs, t, touch, retry=False)
 
+    def _write_fr(self, s: Session, fr: dict[tuple[str, int], tuple[float, Any]]) -> None:
+        """Each rank's newest dump replaces the one the store held of it: its row is updated in
+        place (its id stays, so readers see a new ``read_at``), its entries deleted and written."""
+        for (key, rank), (read_at, dump) in fr.items():
+            if not frrows.storable_rank(rank):
+                continue
+            job = key[:255]
+            head, entries = frrows.to_rows(dump)
+            head["read_at"] = read_at
+            row = s.execute(select(FR_RANKS.c.id, FR_RANKS.c.read_at).where(
+                FR_RANKS.c.node_id == self.node_id, FR_RANKS.c.job == job, FR_RANKS.c.rank == rank)).first()
+            if row is not None and row.read_at > read_at:
+                continue  # a newer one is there already
+            if row is None:
+                dump_id = s.execute(insert(FR_RANKS).values(node_id=self.node_id, job=job, rank=rank, **head)
+                                    .returning(FR_RANKS.c.id)).scalar_one()
+            else:
+                dump_id = row.id
+                s.execute(update(FR_RANKS).where(FR_RANKS.c.id == dump_id).values(**head))
+                s.execute(delete(FR_ENTRIES).where(FR_ENTRIES.c.dump_id == dump_id))
+            if entries:
+                s.execute(insert(FR_ENTRIES), [dict(e, dump_id=dump_id) for e in entries])
+
     def _write_gpus(self, s: Session, gpus: list[dict[str, Any]], t: float, touch: bool) -> None:
         tbl = GPUS
         rows = self._gpu_rows
@@ -909,6 +962,8 @@ class Store:
                              delete(m.GpuMinute).where(m.GpuMinute.minute < int(cutoff // 60)),
                              delete(m.Incident).where(m.Incident.status == "resolved", m.Incident.resolved_at < cutoff),
                              delete(m.Process).where(m.Process.last_seen < cutoff),
+                             delete(m.FrEntry).where(m.FrEntry.dump_id.in_(select(m.FrRank.id).where(m.FrRank.read_at < cutoff))),
+                             delete(m.FrRank).where(m.FrRank.read_at < cutoff),
                              delete(m.Job).where(m.Job.last_seen < cutoff)):
                     n += cast(CursorResult[Any], s.execute(stmt)).rowcount or 0
             self._rows_stale = True  # the writer reads the rows it remembers again
@@ -1062,6 +1117,42 @@ class Store:
             return [RemoteRank(job=r.job, node=r.hostname, rank=r.rank, pid=r.pid, state=r.state, reason=r.reason,
                                waits=r.waits, last_progress=r.last_progress, reported_at=r.reported_at, reading=r.reading)
                     for r in s.execute(q)]
+
+    def remote_dumps(self, jobs: list[str], now: float | None = None) -> list[RemoteDump]:
+        """The flight-recorder dumps other nodes wrote of these jobs' ranks. One small query for
+        the ranks' rows; the entries only of dumps not read before (a node replaces a rank's
+        row in place when it reads a newer dump: its ``read_at`` moves)."""
+        if not jobs or not self.shared:
+            return []
+        now = now or time.time()
+        R = FR_RANKS
+        q = (select(R.c.id, R.c.job, R.c.rank, R.c.read_at, NODES.c.hostname, NODES.c.last_seen.label("reported_at"))
+             .join(NODES, NODES.c.id == R.c.node_id)
+             .where(R.c.job.in_(sorted(set(jobs))), R.c.node_id != self.node_id, NODES.c.last_seen >= now - NODE_FORGET_S))
+        cache = self._dump_cache
+        with self.Session() as s:
+            heads = list(s.execute(q))
+            new = [h for h in heads if h.id not in cache or cache[h.id][0] != h.read_at]
+            full: dict[int, Any] = {}
+            entries: dict[int, list[dict[str, Any]]] = {h.id: [] for h in new}
+            for part in _padded([h.id for h in new]):
+                # the group status (its ranks lists grow with the world) only of the dumps not read before
+                for row in s.execute(select(R.c.id, R.c.read_at, R.c.version, R.c.pg_config, R.c.pg_status)
+                                     .where(R.c.id.in_(part))):
+                    full[row.id] = row
+                for e in s.execute(select(FR_ENTRIES).where(FR_ENTRIES.c.dump_id.in_(part)).order_by(FR_ENTRIES.c.id)):
+                    entries[e.dump_id].append(e._asdict())
+        for h in new:
+            got = full.get(h.id)
+            if got is None:
+                continue  # gone between the two reads (retention)
+            # the read_at read before the entries: a dump replaced in between is read whole again next time
+            cache[h.id] = (got.read_at, frrows.from_rows(h.rank, {"version": got.version, "pg_config": got.pg_config,
+                                                                  "pg_status": got.pg_status}, entries[h.id]))
+        heads = [h for h in heads if h.id in cache]
+        _keep_only(cache, {h.id for h in heads})
+        return [RemoteDump(job=h.job, node=h.hostname, rank=h.rank, read_at=cache[h.id][0], reported_at=h.reported_at,
+                           dump=cache[h.id][1]) for h in heads]
 
     def fleet_jobs(self, key: str | None = None, now: float | None = None) -> dict[str, dict[str, Any]]:
         """The jobs that span nodes as every node reports them: per job, its nodes (each with its

@@ -134,3 +134,43 @@ class GpuMinute(Base):
     sm: Mapped[float | None] = mapped_column(Float)
     power_w: Mapped[float | None] = mapped_column(Float)
     mem_used: Mapped[float | None] = mapped_column(Float)  # bytes
+
+
+class FrRank(Base):
+    """One rank's newest flight-recorder dump, of a job that spans nodes, as the node it runs on
+    read it: when, and its process groups' status. Its entries are in ``fr_entries``."""
+
+    __tablename__ = "fr_ranks"
+    __table_args__ = (UniqueConstraint("node_id", "job", "rank"), Index("ix_fr_ranks_job", "job"))
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id"))
+    job: Mapped[str] = mapped_column(String(255))
+    rank: Mapped[int] = mapped_column(Integer)
+    read_at: Mapped[float] = mapped_column(Float)  # when that node read the dump (its clock)
+    version: Mapped[str | None] = mapped_column(String(32))
+    # pg -> {"pg_id", "desc", "ranks"}; pg -> {"last_enqueued_collective", "last_started_collective", ...}
+    pg_config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    pg_status: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    entries: Mapped[int] = mapped_column(Integer)  # how many the dump held (the table keeps the newest)
+
+
+class FrEntry(Base):
+    """A collective of a rank's newest dump: what the ranks compare (op, sequence numbers, sizes,
+    dtypes, state), never its frames."""
+
+    __tablename__ = "fr_entries"
+    __table_args__ = (Index("ix_fr_entries_dump", "dump_id"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    dump_id: Mapped[int] = mapped_column(ForeignKey("fr_ranks.id", ondelete="CASCADE"))
+    pg: Mapped[str] = mapped_column(String(255))
+    pg_id: Mapped[int | None] = mapped_column(BigInteger)
+    seq: Mapped[int | None] = mapped_column(BigInteger)
+    p2p_seq: Mapped[int | None] = mapped_column(BigInteger)
+    op: Mapped[str] = mapped_column(String(128))
+    state: Mapped[str] = mapped_column(String(32))
+    completed: Mapped[bool] = mapped_column(Boolean)
+    is_p2p: Mapped[bool] = mapped_column(Boolean)
+    input_sizes: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    input_dtypes: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    output_sizes: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    time_created_ns: Mapped[int | None] = mapped_column(BigInteger)

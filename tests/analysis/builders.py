@@ -70,6 +70,9 @@ class Node:
         self.changes: list = []
         # ranks other nodes report (a shared store): given the tick's time, the snapshot's remote part
         self.remote = None
+        # flight-recorder dumps other nodes wrote (a shared store): given the tick's time, a list
+        self.remote_dumps = None
+        self.pending_fr: list = []  # this node's flight-recorder dumps (FrDump) for the next tick
         self.name: str | None = None  # the node's name among nodes sharing a store
 
     def write_log(self, path: str, text: str) -> None:
@@ -124,9 +127,12 @@ class Node:
         for path, size in self.logs.items():
             snap.files.append(FileSample(path=path, size=size, tail=self._tails.get(path)))
         snap.stacks, self.pending_stacks = self.pending_stacks, []
+        snap.fr_dumps, self.pending_fr = self.pending_fr, []
         if self.remote is not None:
             snap.remote = self.remote(self.t)
             snap.node = self.name
+        if self.remote_dumps is not None:
+            snap.remote_dumps = self.remote_dumps(self.t)
         self.changes.extend(self.an.step(snap))
         self.an.take_requests()
 

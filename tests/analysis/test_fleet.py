@@ -163,3 +163,126 @@ def test_a_recorded_trace_keeps_the_other_nodes_ranks_and_its_replay_gives_the_s
         replayed.step(snap)
     (live,), (inc,) = node.an.incidents(), replayed.incidents()
     assert inc.summary == live.summary and inc.culprit_ranks == [3], inc.summary
+
+
+# ------------------------------------------------------------------ flight recorder across nodes
+
+
+def _dump(rank: int, last: int, size: int = 1024, op: str = "nccl:all_reduce"):
+    """A rank's normalized dump: all_reduce #1..#last in the default group, each completed but the
+    last (the one it waits in); ``size``/``op`` for its last one."""
+    from hangd.flightrec.reader import Dump, Entry
+
+    entries = [Entry(record_id=s - 1, pg="0", pg_id=0, seq=s, p2p_seq=0, op=op if s == last else "nccl:all_reduce",
+                     state="scheduled" if s == last else "completed", completed=s < last,
+                     input_sizes=[[size if s == last else 1024]], input_dtypes=["Float"],
+                     output_sizes=[[size if s == last else 1024]], is_p2p=False, frames=[],
+                     time_created_ns=int((1000 + s) * 1e9), timeout_ms=None) for s in range(1, last + 1)]
+    return Dump(rank=rank, version="2.10", encoding="pickle",
+                pg_config={"0": {"pg_id": "0", "desc": "default_pg", "ranks": [0, 1, 2, 3]}},
+                pg_status={"0": {"last_enqueued_collective": last, "last_completed_collective": last - 1}},
+                entries=entries)
+
+
+def _fr_node(b_dumps, read_at: float = 1018.0, reported=lambda t: t - 1, rank3_waits: bool = True) -> Node:
+    """Node A's ranks 0, 1 spin in all_reduce #12 and dump at 1020; node-b wrote its ranks' dumps
+    (read there at ``read_at``) and reports its ranks 2, 3 as waiting in a collective too."""
+    from hangd.snapshot import FrDump, RemoteDump
+
+    node = _node_a()
+    node.name = "node-a"
+    node.remote = lambda t: [_b(2, True, "waiting_peer", "blocked in a collective", reported(t)),
+                             _b(3, rank3_waits, "waiting_peer", "blocked in a collective", reported(t))]
+    node.remote_dumps = lambda t: [RemoteDump(job=JOB, node="node-b", rank=d.rank, read_at=read_at,
+                                              reported_at=reported(t), dump=d) for d in b_dumps] if t >= read_at else []
+    node.run(20)
+    node.pending_fr = [FrDump(pid=11 + r, rank=r, format="pickle", path=f"/fr/rank_{r}", dump=_dump(r, 12)) for r in (0, 1)]
+    node.run(10)
+    return node
+
+
+def test_a_size_mismatch_between_a_rank_here_and_a_rank_on_another_node_names_that_node():
+    node = _fr_node([_dump(2, 12), _dump(3, 12, size=2048)])
+    (mm,) = [i for i in node.an.incidents() if i.kind == "collective_mismatch"]
+    assert "rank 3 on node-b: [[2048]]" in mm.summary and "rank 0: [[1024]]" in mm.summary, mm.summary
+    assert mm.culprit_ranks == [3] and mm.culprit_pids == []  # its pid is node-b's
+    assert mm.evidence["rank_nodes"] == {"2": "node-b", "3": "node-b"}
+    (f,) = [f for f in node.an.findings if f["kind"] == "size_mismatch"]
+    assert f["job"] == JOB and f["seq"] == 12 and f["nodes"] == {"2": "node-b", "3": "node-b"}
+    # one incident per family for the job: the hang and the mismatch
+    assert sorted(node.kinds()) == ["collective_mismatch", "nccl_stall"]
+
+
+def test_a_rank_on_another_node_that_never_entered_the_collective_is_blamed_by_the_flight_recorder():
+    """Node-b reports rank 3 waiting in a collective (it is: in another one); only the entries of
+    both nodes show that it never entered all_reduce #12, which ranks 0-2 wait in."""
+    node = _fr_node([_dump(2, 12), _dump(3, 11)])
+    (f,) = [f for f in node.an.findings if f["kind"] == "missing_rank"]
+    assert f["missing_ranks"] == [3] and f["nodes"] == {"2": "node-b", "3": "node-b"}
+    assert f["message"].startswith("rank 3 on node-b never entered all_reduce #12 (1024 float32) in pg 0 (default_pg); "
+                                   "ranks 0, 1 and 2 on node-b entered it and wait"), f["message"]
+    assert "3 on node-b:11" in f["message"]
+    (inc,) = node.an.incidents()
+    assert inc.kind == "nccl_stall" and inc.culprit_ranks == [3] and inc.culprit_pids == [], inc.summary
+    assert inc.summary.startswith("Flight recorder: rank 3 on node-b never entered all_reduce #12"), inc.summary
+    assert "rank 3 on node-b (pid 1233) is not in the collective its peers wait in" in inc.summary, inc.summary
+    assert inc.evidence["culprits"] == [{"rank": 3, "node": "node-b", "pid": 1233}]
+    assert any(x["kind"] == "missing_rank" for x in inc.findings)
+
+
+def test_without_the_other_node_s_entries_nobody_is_found_missing():
+    """The same hang with node-b's dumps not there: ranks 0, 1 agree; nothing is said of rank 3."""
+    node = _fr_node([])
+    assert not [f for f in node.an.findings if f["kind"] == "missing_rank"]
+    (inc,) = node.an.incidents()
+    assert inc.culprit_ranks == []
+
+
+def test_the_dumps_of_a_node_that_stopped_reporting_blame_nobody_and_the_node_is_said_silent():
+    node = _fr_node([_dump(2, 12), _dump(3, 11)], reported=lambda t: 990.0)
+    assert not [f for f in node.an.findings if f["kind"] == "missing_rank"]
+    (silent,) = [f for f in node.an.findings if f["kind"] == "node_silent"]
+    assert silent["message"].startswith("node-b: no report since ") and \
+        silent["message"].endswith("; the flight-recorder entries of its ranks 2, 3 are not compared"), silent["message"]
+    (inc,) = node.an.incidents()
+    assert inc.culprit_ranks == [] and "never entered" not in inc.summary, inc.summary
+    assert "node-b: no report since" in inc.summary
+
+
+def test_a_dump_read_on_another_node_longer_ago_than_the_stale_window_is_not_compared():
+    """Node-b reports, but the dump it wrote of rank 3 is old: rank 3 may have moved on since."""
+    node = _fr_node([_dump(2, 12), _dump(3, 11)], read_at=1001.0)
+    assert not [f for f in node.an.findings if f["kind"] == "missing_rank"]
+    (silent,) = [f for f in node.an.findings if f["kind"] == "node_silent"]
+    assert "older than 15 s" in silent["message"], silent["message"]
+    (inc,) = node.an.incidents()
+    assert inc.culprit_ranks == [], inc.summary
+
+
+def test_a_finding_made_from_this_node_s_dumps_widens_when_the_other_node_s_dumps_arrive():
+    """Node-b holds the culprit: its own dumps show rank 3 missing from #12 at once; node-a's,
+    arriving a few seconds later, widen the same finding to the ranks there (one finding, not two)."""
+    from hangd.snapshot import FrDump, RemoteDump
+
+    node = Node([P(700, 1), P(701, 700, _env(2), gpu=0, look="spin", state="R", cpu_ticks_per_s=100),
+                 P(702, 700, _env(3), gpu=1)])
+    node.name = "node-b"
+    node.remote = lambda t: [RemoteRank(job=JOB, node="node-a", rank=r, pid=100 + r, state="waiting_peer", reason="",
+                                        waits=True, last_progress=900.0, reported_at=t - 1) for r in (0, 1)]
+    node.remote_dumps = lambda t: [RemoteDump(job=JOB, node="node-a", rank=r, read_at=1024.0, reported_at=t - 1,
+                                              dump=_dump(r, 12)) for r in (0, 1)] if t >= 1024 else []
+    node.run(20)
+    node.pending_fr = [FrDump(pid=701, rank=2, format="pickle", path="/fr/rank_2", dump=_dump(2, 12)),
+                       FrDump(pid=702, rank=3, format="pickle", path="/fr/rank_3", dump=_dump(3, 11))]
+    node.run(2)
+    (tr,) = [tr for tr in node.an.job_tracks.values() if tr.fr]
+    (f,) = [f for f in tr.findings if f.kind == "missing_rank"]
+    assert f.ranks == [2] and f.missing_ranks == [3]
+    node.run(6)
+    (f,) = [f for f in tr.findings if f.kind == "missing_rank"]
+    assert f.ranks == [0, 1, 2] and f.missing_ranks == [3], f.message
+    assert "ranks 0, 1 on node-a and 2 entered it and wait" in f.message, f.message
+    (inc,) = node.an.incidents()
+    assert [x["ranks"] for x in inc.findings if x["kind"] == "missing_rank"] == [[0, 1, 2]]
+    assert inc.culprit_ranks == [3] and inc.culprit_pids == [702], inc.summary
+    assert node.an.take_fr_dumps().keys() == {(JOB, 2), (JOB, 3)}  # for node-a, through the store

@@ -38,10 +38,11 @@ def _serve(node: NodeNs, db: str) -> tuple[Served, subprocess.Popen]:
     return s, p
 
 
-def torchrun(node: NodeNs, node_rank: int, port: int, tag: str, *args: str) -> subprocess.Popen:
+def torchrun(node: NodeNs, node_rank: int, port: int, tag: str, *args: str,
+             env: dict[str, str] | None = None) -> subprocess.Popen:
     return node.run([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node_rank),
                      "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(port),
-                     str(WORKLOADS / "torchrun_job.py"), *args], node.tmp / f"job-{tag}-{node.name}.log")
+                     str(WORKLOADS / "torchrun_job.py"), *args], node.tmp / f"job-{tag}-{node.name}.log", env=env)
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +120,12 @@ def test_a_rank_on_node_b_deadlocks_one_incident_then_node_b_stops_reporting(fle
     nodes, served = fleet["nodes"], fleet["served"]
     port = free_port()
     key = f"rdzv:127.0.0.1:{port}"
-    jobs = [torchrun(nodes[n], i, port, "deadlock", "deadlock", "--steps", "60", "--step-sleep", "0.05", "--culprit", "3")
+    # every rank records its collectives and dumps them once it is stuck (gloo's flight recorder)
+    dumps = fleet["tmp"] / "fr-deadlock"
+    dumps.mkdir()
+    fr = {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_FR_DUMP_TEMP_FILE": str(dumps / "fr_rank_")}
+    jobs = [torchrun(nodes[n], i, port, "deadlock", "deadlock", "--steps", "60", "--step-sleep", "0.05", "--culprit", "3",
+                     "--fr-watchdog", "8", env=fr)
             for i, n in enumerate(nodes)]
     logs = [fleet["tmp"] / f"job-deadlock-{n}.log" for n in nodes] + [s.log for s, _ in served.values()]
     a, b = served["node-a"][0], served["node-b"][0]
@@ -143,6 +149,19 @@ def test_a_rank_on_node_b_deadlocks_one_incident_then_node_b_stops_reporting(fle
         assert "rank 3 on node-b (pid " in summary, summary  # whichever node wrote it first
         assert [(c["rank"], c["node"]) for c in detail["evidence"]["culprits"]] == [(3, "node-b")], detail["evidence"]
         print(f"\nthe one incident #{row.id} ({row.kind}): {summary}")
+        # the flight recorder's word, from the entries of both nodes' ranks: ranks 0, 1 (node-a) and
+        # 2 (node-b) entered the next all_reduce, rank 3 (node-b) never did
+
+        def fr_missing(s: Served) -> dict | None:
+            found = s.get(f"/incidents/{row.id}").json()["findings"]
+            return next((f for f in found if f["kind"] == "missing_rank" and f["ranks"] == [0, 1, 2]), None)
+        for s in (a, b):
+            f = _wait(lambda s=s: fr_missing(s), 60, "a flight-recorder finding over both nodes' ranks", logs)
+            assert f["missing_ranks"] == [3] and f["op"].endswith("all_reduce"), f
+            # the ranks of the other node than the one that wrote the incident are named with their node
+            assert f["nodes"] in ({"0": "node-a", "1": "node-a"}, {"2": "node-b", "3": "node-b"}), f
+            assert "rank 3 on node-b never entered" in f["message"] or "; ranks 0, 1 on node-a and 2 entered" in f["message"], f
+            print(f"flight recorder: {f['message']}")
         view = _job(a, key)
         assert view["open_incidents"] == [row.id] and view["rank_nodes"]["3"] == "node-b"
         assert view["fleet_ranks"]["3"]["node"] == "node-b"

@@ -208,6 +208,140 @@ def test_an_id_another_node_already_holds_never_overwrites_its_incident(fleet):
     assert rb.id != same and rb.id % ID_STRIDE == b.node_id % ID_STRIDE and rb.summary == "b's, updated"
 
 
+# ------------------------------------------------------------------ flight-recorder entries across nodes
+
+
+def _fr_dump(rank: int, last: int, groups: tuple[str, ...] = ("0",)):
+    """A normalized dump as the reader gives it: all_reduce #1..#last in each group, the last one
+    not completed, each entry with the frames that must stay on the node."""
+    from hangd.flightrec.reader import Dump, Entry
+
+    entries = [Entry(record_id=i, pg=pg, pg_id=int(pg), seq=s, p2p_seq=0, op="nccl:all_reduce",
+                     state="completed" if s < last else "scheduled", completed=s < last, input_sizes=[[1024, rank + 1]],
+                     input_dtypes=["Float"], output_sizes=[[1024, rank + 1]], is_p2p=False,
+                     frames=[{"name": "train_step", "filename": "/home/alice/secret_project/train.py", "line": 7}],
+                     time_created_ns=1_700_000_000_000_000_000 + s, timeout_ms=600000)
+               for i, (pg, s) in enumerate((pg, s) for s in range(1, last + 1) for pg in groups)]
+    return Dump(rank=rank, version="2.10", encoding="pickle",
+                pg_config={pg: {"pg_id": pg, "desc": "default_pg" if pg == "0" else "tp", "ranks": [0, 1, 2, 3]}
+                           for pg in groups},
+                pg_status={pg: {"last_enqueued_collective": last, "last_started_collective": -1,
+                                "last_completed_collective": last - 1} for pg in groups},
+                entries=entries)
+
+
+def _fr_rows(st: Store) -> int:
+    with st.Session() as s:
+        return int(s.scalar(select(func.count()).select_from(m.FrEntry)) or 0)
+
+
+def test_each_node_reads_the_other_nodes_flight_recorder_entries_bounded_and_replaced_by_newer_dumps(fleet):
+    from hangd.flightrec.rows import KEEP_PER_GROUP
+
+    (a, b), job = fleet
+    t = time.time()
+    before = _fr_rows(a)
+    a.submit(Batch(t=t, fr={(job, r): (t, _fr_dump(r, 12)) for r in (0, 1)}, spanning={job}))
+    b.submit(Batch(t=t, fr={(job, 2): (t, _fr_dump(2, 12)), (job, 3): (t, _fr_dump(3, 2000, groups=("0", "1")))},
+                   spanning={job}))
+    assert a.healthy and b.healthy, (a.last_error, b.last_error)
+    seen_a = {(d.node, d.rank): d for d in a.remote_dumps([job], t)}
+    assert set(seen_a) == {(b.hostname, 2), (b.hostname, 3)}
+    assert {(d.node, d.rank) for d in b.remote_dumps([job], t)} == {(a.hostname, 0), (a.hostname, 1)}
+    two = seen_a[(b.hostname, 2)]
+    assert two.job == job and two.read_at == pytest.approx(t) and abs(two.reported_at - t) < 1
+    # what the analysis compares comes back as it was read, frames aside
+    sent = _fr_dump(2, 12)
+    assert two.dump.rank == 2 and two.dump.pg_status == sent.pg_status and two.dump.pg_config == sent.pg_config
+    assert [(e.pg, e.seq, e.op, e.state, e.completed, e.input_sizes, e.input_dtypes, e.output_sizes, e.time_created_ns)
+            for e in two.dump.entries] == [(e.pg, e.seq, e.op, e.state, e.completed, e.input_sizes, e.input_dtypes,
+                                            e.output_sizes, e.time_created_ns) for e in sent.entries]
+    assert all(e.frames == [] for e in two.dump.entries)
+    # bounded: the newest KEEP_PER_GROUP of each group, whatever the dump held
+    three = seen_a[(b.hostname, 3)].dump
+    for pg in ("0", "1"):
+        assert [e.seq for e in three.entries if e.pg == pg] == list(range(2001 - KEEP_PER_GROUP, 2001))
+    assert _fr_rows(a) - before == 12 * 3 + 2 * KEEP_PER_GROUP
+    with a.Session() as s:  # frames never reach the database
+        dumped = json.dumps([list(r) for r in s.execute(select(m.FrEntry.__table__, m.FrRank.__table__)
+                                                        .join(m.FrRank, m.FrRank.id == m.FrEntry.dump_id))], default=str)
+    assert "secret_project" not in dumped and "train_step" not in dumped
+
+    # an unchanged dump is not read again; a newer dump of rank 3 replaces the older one
+    again = {(d.node, d.rank): d.dump for d in a.remote_dumps([job], t + 1)}
+    assert again[(b.hostname, 2)] is two.dump
+    b.submit(Batch(t=t + 5, fr={(job, 3): (t + 5, _fr_dump(3, 2100, groups=("0", "1")))}, spanning={job}))
+    b.submit(Batch(t=t + 6, fr={(job, 3): (t + 4, _fr_dump(3, 1500))}, spanning={job}))  # an older one, late: ignored
+    newer = {(d.node, d.rank): d for d in a.remote_dumps([job], t + 6)}[(b.hostname, 3)]
+    assert newer.read_at == pytest.approx(t + 5)
+    assert max(e.seq or 0 for e in newer.dump.entries) == 2100 and len(newer.dump.entries) == 2 * KEEP_PER_GROUP
+    assert _fr_rows(a) - before == 12 * 3 + 2 * KEEP_PER_GROUP
+    assert a.remote_dumps([job + "-other"], t) == [] and a.remote_dumps([], t) == []
+
+
+def test_a_rank_s_newer_dump_still_queued_replaces_the_older_one_in_the_queue(fleet):
+    """While the database is slow, a store holds one dump per rank, not one per tick."""
+    import threading
+
+    (a, b), job = fleet
+    t = time.time()
+    a._writer = threading.Thread()  # queued, not written: as while the writer is busy
+    first = Batch(t=t, fr={(job, 0): (t, _fr_dump(0, 5)), (job, 1): (t, _fr_dump(1, 5))})
+    a.submit(first)
+    a.submit(Batch(t=t + 1, fr={(job, 0): (t + 1, _fr_dump(0, 9))}))
+    assert list(first.fr) == [(job, 1)]
+    a._writer = None
+    a.submit_flush()
+    assert a.healthy, a.last_error
+    assert {d.rank: max(e.seq or 0 for e in d.dump.entries) for d in b.remote_dumps([job], t + 1)} == {0: 9, 1: 5}
+
+
+def test_the_flight_recorder_tables_migrate_down_and_up(postgres_url, tmp_path):
+    """0003 alone, on PostgreSQL (a database of its own) and SQLite: down drops the two tables and
+    leaves the rest, up brings them back."""
+    from sqlalchemy import create_engine, inspect, text
+
+    from hangd.store.db import downgrade, upgrade
+
+    name = f"hangd_mig_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(postgres_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(text(f"CREATE DATABASE {name}"))
+    pg = postgres_url.rsplit("/", 1)[0] + "/" + name
+    try:
+        for url in (pg, f"sqlite:///{tmp_path / 'm.db'}"):
+            upgrade(url)
+            eng = create_engine(url)
+            assert {"fr_ranks", "fr_entries", "processes"} <= set(inspect(eng).get_table_names())
+            downgrade(url, "0002")
+            tables = set(inspect(eng).get_table_names())
+            assert not {"fr_ranks", "fr_entries"} & tables and {"processes", "incidents"} <= tables, tables
+            with eng.connect() as c:
+                assert c.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0002"
+            upgrade(url)
+            assert {"fr_ranks", "fr_entries"} <= set(inspect(eng).get_table_names())
+            eng.dispose()
+    finally:
+        with admin.connect() as c:
+            c.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        admin.dispose()
+
+
+def test_a_hostile_dump_does_not_fail_the_batch_it_is_in(fleet):
+    """NUL in names (a text column refuses it) and a rank no column holds: written clean or left
+    out, and the store stays healthy (a failed batch would be retried for ever)."""
+    (a, b), job = fleet
+    t = time.time()
+    bad = _fr_dump(1, 3)
+    for e in bad.entries:
+        e.op, e.pg, e.input_dtypes = "nccl:all_\x00reduce", "0\x00", ["Fl\x00oat"]
+    a.submit(Batch(t=t, fr={(job, 1): (t, bad), (job, 2**40): (t, _fr_dump(0, 3)), (job, 0): (t, _fr_dump(0, 3))}))
+    assert a.healthy, a.last_error
+    got = {d.rank: d.dump for d in b.remote_dumps([job], t)}
+    assert sorted(got) == [0, 1]
+    assert {e.op for e in got[1].entries} == {"nccl:all_reduce"} and got[1].entries[0].input_dtypes == ["Fl\x00oat"]
+
+
 def test_nodes_starting_at_once_on_a_fresh_database_all_migrate_it(postgres_url):
     """A DaemonSet rollout starts every node's hangd at the same moment on an empty database: each
     runs the migrations (in a child interpreter, as `hangd serve` does). One creates the tables; the

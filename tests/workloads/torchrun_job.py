@@ -13,6 +13,10 @@ Every rank first prints ``rank R pid P ready`` (the tests map ranks to pids from
                then both meet, take a last step and exit cleanly. The reader prints its
                /proc/self/io before and after (``io ...`` lines).
   lone         not for torchrun: one process, world size 1 from the environment, sleeping --sleep s
+
+With --fr-watchdog S every rank dumps its flight recorder (torch's own ``_dump_fr_trace``, gloo
+records when TORCH_FR_BUFFER_SIZE is set) where TORCH_FR_DUMP_TEMP_FILE says, once no step has
+completed for S seconds: what PyTorch's NCCL watchdog does on a timeout, which gloo lacks.
 """
 
 from __future__ import annotations
@@ -26,6 +30,19 @@ import torch
 import torch.distributed as dist
 
 RANK = -1
+LAST_STEP = time.monotonic()
+
+
+def fr_watchdog(timeout: float) -> None:
+    while time.monotonic() - LAST_STEP < timeout:
+        time.sleep(0.2)
+    from torch._C._distributed_c10d import _dump_fr_trace
+
+    prefix = os.environ["TORCH_FR_DUMP_TEMP_FILE"]
+    log(f"watchdog: no step for {timeout:.0f} s, dumping the flight recorder to {prefix}{RANK}")
+    with open(f"{prefix}{RANK}.tmp", "wb") as f:
+        f.write(_dump_fr_trace())
+    os.replace(f"{prefix}{RANK}.tmp", f"{prefix}{RANK}")
 
 
 def log(msg: str) -> None:
@@ -38,8 +55,10 @@ def proc_io() -> dict[str, int]:
 
 
 def train(steps: int, step_sleep: float, x: torch.Tensor, first: int = 0) -> int:
+    global LAST_STEP
     for step in range(first, first + steps):
         dist.all_reduce(x)
+        LAST_STEP = time.monotonic()
         x.fill_(1.0)
         if (step + 1) % 10 == 0:
             log(f"step {step + 1} loss {1.0 / (step + 1):.4f}")
@@ -84,10 +103,13 @@ def main() -> None:
     p.add_argument("--chunk-mb", type=float, default=4.0)
     p.add_argument("--chunk-sleep", type=float, default=0.03)
     p.add_argument("--sleep", type=float, default=40.0)
+    p.add_argument("--fr-watchdog", type=float, default=0.0, help="dump the flight recorder after this long without a step")
     a = p.parse_args()
     dist.init_process_group("gloo")
     RANK = dist.get_rank()
     log(f"rank {RANK} pid {os.getpid()} ready world {dist.get_world_size()} mode {a.mode}")
+    if a.fr_watchdog > 0:
+        threading.Thread(target=fr_watchdog, args=(a.fr_watchdog,), daemon=True).start()
     x = torch.ones(a.size)
     if a.mode == "lone":
         time.sleep(a.sleep)

@@ -85,9 +85,13 @@ def _culprit(env: Env, jv: JobView) -> Culprit | None:
     rank_pid = job.rank_pid()
     missing = [f for f in tr.findings if f.kind == "missing_rank"]
     if missing:
-        pids = [rank_pid[r] for r in missing[0].missing_ranks if r in rank_pid]
-        if pids:
-            return Culprit(pids, 4, "flight recorder: " + missing[0].message)
+        f = missing[0]
+        # a missing rank whose dump another node read is that node's rank, not this node's rank of that number
+        pids = [rank_pid[r] for r in f.missing_ranks if r in rank_pid and r not in f.nodes]
+        fresh = {(r.node, r.rank): r for r in jv.remote_fresh}
+        remote = [fresh[(f.nodes[r], r)] for r in f.missing_ranks if (f.nodes.get(r), r) in fresh]
+        if pids or remote:
+            return Culprit(pids, 4, "flight recorder: " + f.message, remote=remote)
     if jv.stopped:
         return Culprit(jv.by_rank(jv.stopped), 3, "stopped")
     waiting = jv.waiting | {p for p in tr.waiters if p in jv.live}
@@ -164,10 +168,13 @@ def fill(env: Env, jv: JobView, inc: object) -> None:
     if job.spans_nodes:
         # a rank here blamed a moment ago that now waits in the collective with the others is not it
         culprits = [p for p in culprits if p not in jv.readings or not jv.readings[p].local.waits_for_peer]
-    # a rank on another node stays the culprit while its node reports it outside a collective
+    # a rank on another node stays the culprit while its node reports it outside a collective, or,
+    # named by the flight recorder (it never entered the collective the others are in), while its
+    # node reports at all
     fresh = {(r.node, r.rank): r for r in jv.remote_fresh}
+    by_fr = tr.culprit is not None and tr.culprit.strength >= 4
     remote_culprits = [fresh[(r.node, r.rank)] for r in (tr.culprit.remote if tr.culprit else [])
-                       if (r.node, r.rank) in fresh and fresh[(r.node, r.rank)].waits is False]
+                       if (r.node, r.rank) in fresh and (fresh[(r.node, r.rank)].waits is False or by_fr)]
     inc.pids = list(job.pids)
     inc.ranks = [job.ranks[p] for p in job.pids]
     inc.culprit_pids = culprits

@@ -31,7 +31,9 @@ def step(env: Env, job_id: str, job: Job | None, tr: JobTrack, f: Any, t: float)
             counts[repr(v)] = counts.get(repr(v), 0) + 1
         odd = [r for r, v in vals.items() if counts[repr(v)] == 1 and len(vals) > 2] or [max(vals)]
         inc.culprit_ranks = sorted(odd)
-        inc.culprit_pids = [rank_pid[r] for r in inc.culprit_ranks if r in rank_pid]
+        inc.culprit_pids = [rank_pid[r] for r in inc.culprit_ranks if r in rank_pid and r not in f.nodes]
+        if f.nodes:  # a job that spans nodes: where its ranks on other nodes are (a pid means nothing elsewhere)
+            inc.evidence["rank_nodes"] = {str(r): n for r, n in sorted(f.nodes.items())}
     inc.findings.append(f.to_dict())
     inc.evidence["flight_recorder"] = inc.findings
     env.book.touch(inc, t, f.message)
