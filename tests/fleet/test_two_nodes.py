@@ -5,154 +5,29 @@ rendezvous. Each hangd sees only its namespace's ranks and shares what it sees t
 database. Checked: a healthy job raises nothing; rank 3 on node-b deadlocking (it stops calling
 collectives and waits on an event) is one hang incident in the database, seen through both
 nodes' APIs, naming rank 3 and node-b; node-b's hangd killed, node-a's view says node-b stopped
-reporting and blames nobody on what node-b said last.
-
-Where creating a PID namespace needs a privilege the runner lacks (a non-root CI), the nodes are
-made with ``unshare --user --map-root-user --pid --fork --mount-proc`` instead (an unprivileged
-user namespace), and processes join it with ``nsenter --user --preserve-credentials``."""
+reporting and blames nobody on what node-b said last. The nodes are made as tests/fleet/nodes.py says."""
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
-import httpx
-import psutil
 import pytest
 from sqlalchemy import create_engine, text
 
-from ..conftest import ROOT, WORKLOADS, hangd_cmd, torch_available
+from ..conftest import torch_available
 from ..server.conftest import Served, free_port, postgres_url  # noqa: F401 - the fixture
+from .nodes import torchrun, two_nodes, wait_for
 
 pytestmark = pytest.mark.skipif(not torch_available(), reason="torch is a test dependency")
-# thresholds shortened as the other end-to-end tests do, so a 2-core runner sees a hang in seconds
-ENV = {"HANGD_HANG_HOST_S": "6", "HANGD_HANG_GPU_S": "6", "HANGD_HEARTBEAT_S": "1", "HANGD_NODE_STALE_S": "6"}
-
-
-def _unshare_prefix() -> list[str]:
-    for extra in ([], ["--user", "--map-root-user"]):
-        if subprocess.run(["unshare", *extra, "--pid", "--fork", "--mount-proc", "true"], capture_output=True).returncode == 0:
-            return extra
-    pytest.fail("unshare cannot make a PID namespace here, even in a user namespace (kernel.unprivileged_userns_clone?)")
-
-
-class NodeNs:
-    """A PID namespace whose init only sleeps, so that killing the hangd in it leaves the job's ranks."""
-
-    def __init__(self, name: str, tmp: Path, user: list[str]) -> None:
-        self.name = name
-        self.tmp = tmp
-        self.user = user
-        self.init = subprocess.Popen(["unshare", *user, "--pid", "--fork", "--mount-proc", "sleep", "infinity"],
-                                     start_new_session=True)
-        t_end = time.time() + 10
-        self.pid1 = 0
-        while not self.pid1 and time.time() < t_end:
-            kids = psutil.Process(self.init.pid).children()
-            self.pid1 = kids[0].pid if kids else 0
-            time.sleep(0.05)
-        assert self.pid1, "the namespace's init did not start"
-        self.procs: list[subprocess.Popen] = []
-
-    def run(self, argv: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
-        join = ["nsenter", "-t", str(self.pid1), "--pid", "--mount"] + (["--user", "--preserve-credentials"] if self.user else [])
-        # nsenter --mount takes the target's working directory: this checkout's hangd comes first by path
-        path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
-        p = subprocess.Popen([*join, f"--wd={ROOT}", *argv], cwd=ROOT, stdout=open(log, "w"), stderr=subprocess.STDOUT,
-                             env=dict(os.environ, PYTHONPATH=path, **(env or {})), start_new_session=True)
-        self.procs.append(p)
-        return p
-
-    def serve(self, db: str) -> tuple[Served, subprocess.Popen]:
-        port = free_port()
-        log = self.tmp / f"hangd-{self.name}.log"
-        p = self.run([*hangd_cmd(), "serve", "--listen", f"127.0.0.1:{port}", "--db", db, "--node-name", self.name,
-                      "--interval", "0.5"], log, env=ENV)
-        s = Served(p, f"http://127.0.0.1:{port}", db, log)
-        s.wait_for(lambda s: s.get("/healthz").status_code == 200, 90, f"{self.name}'s hangd")
-        return s, p
-
-    def kill_tree(self, p: subprocess.Popen) -> None:
-        """nsenter forks the command into the namespace: kill what it started (and what that
-        started), then nsenter; ranks left under the namespace's init go too."""
-        keep = {p2.pid for p2 in self.procs if p2 is not p and p2.poll() is None}
-        for _ in range(3):
-            try:
-                kids = psutil.Process(p.pid).children(recursive=True)
-            except psutil.NoSuchProcess:
-                kids = []
-            for c in kids:
-                c.kill()
-            time.sleep(0.2)
-        p.kill()
-        p.wait(10)
-        self.procs.remove(p)
-        mine = set(keep)
-        for k in keep:
-            try:
-                mine |= {c.pid for c in psutil.Process(k).children(recursive=True)}
-            except psutil.NoSuchProcess:
-                pass
-        try:
-            orphans = [c for c in psutil.Process(self.pid1).children(recursive=True) if c.pid not in mine]
-        except psutil.NoSuchProcess:
-            orphans = []
-        for c in orphans:
-            c.kill()
-        psutil.wait_procs(orphans, timeout=5)
-
-    def close(self) -> None:
-        """Kill the namespace's init (not unshare, its parent): the kernel then ends everything in
-        the namespace, hangd and ranks alike; unshare and the nsenters exit with their children."""
-        try:
-            os.kill(self.pid1, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.init.wait(10)
-        for p in self.procs:
-            p.wait(10)
-
-
-def torchrun(node: NodeNs, node_rank: int, port: int, tag: str, *args: str) -> subprocess.Popen:
-    return node.run([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node_rank),
-                     "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(port),
-                     str(WORKLOADS / "torchrun_job.py"), *args], node.tmp / f"job-{tag}-{node.name}.log")
 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory, postgres_url) -> Iterator[dict]:  # noqa: F811 - the fixture
     tmp = tmp_path_factory.mktemp("fleet")
-    user = _unshare_prefix()
-    nodes = {n: NodeNs(n, tmp, user) for n in ("node-a", "node-b")}
-    try:
-        served = {n: ns.serve(postgres_url) for n, ns in nodes.items()}
+    with two_nodes(tmp, postgres_url) as (nodes, served):
         yield {"nodes": nodes, "served": served, "db": postgres_url, "tmp": tmp}
-    finally:
-        for ns in nodes.values():
-            ns.close()
-        left = [p for ns in nodes.values() for p in (ns.pid1, *(x.pid for x in ns.procs)) if psutil.pid_exists(p)
-                and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-        assert not left, f"processes of the nodes left running: {left}"
-
-
-def _wait(pred, timeout: float, what: str, logs: list[Path]) -> object:
-    t_end = time.time() + timeout
-    last = None
-    while time.time() < t_end:
-        try:
-            last = pred()
-            if last:
-                return last
-        except (httpx.HTTPError, KeyError, IndexError):
-            pass
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}; last={last!r}\n" + "\n".join(f"--- {p.name}\n{p.read_text()[-2500:]}"
-                                                                                   for p in logs if p.exists()))
 
 
 def _job(s: Served, key: str) -> dict:
@@ -179,7 +54,7 @@ def test_a_healthy_job_on_two_nodes_is_one_job_on_both_and_raises_nothing(fleet)
     logs = [fleet["tmp"] / f"job-healthy-{n}.log" for n in nodes] + [s.log for s, _ in served.values()]
     try:
         for n, (s, _) in served.items():
-            view = _wait(lambda s=s: (j := _job(s, key)) and len(j.get("fleet_ranks") or {}) == 4 and j, 90,
+            view = wait_for(lambda s=s: (j := _job(s, key)) and len(j.get("fleet_ranks") or {}) == 4 and j, 90,
                          f"the whole job on {n}", logs)
             assert view["rank_nodes"] == {"0": "node-a", "1": "node-a", "2": "node-b", "3": "node-b"}, view
             assert view["identity"] == {"rendezvous": f"127.0.0.1:{port}"} and view["world_size"] == 4
@@ -205,7 +80,7 @@ def test_a_rank_on_node_b_deadlocks_one_incident_then_node_b_stops_reporting(fle
         def named() -> list:
             rows = _db_hangs(fleet["db"], key)
             return rows if any(3 in (r.culprit_ranks or []) for r in rows) else []
-        rows = _wait(named, 120, "a hang incident naming rank 3", logs)
+        rows = wait_for(named, 120, "a hang incident naming rank 3", logs)
         time.sleep(4)  # both nodes have judged by now: still one
         rows = _db_hangs(fleet["db"], key)
         assert len(rows) == 1, rows
@@ -236,7 +111,7 @@ def test_a_rank_on_node_b_deadlocks_one_incident_then_node_b_stops_reporting(fle
         # node-b's hangd dies; the job (and the hang) go on
         hangd_b = served["node-b"][1]
         nodes["node-b"].kill_tree(hangd_b)
-        view = _wait(lambda: (j := _job(a, key)) and j["stopped_reporting"] and j, 30, "node-b named as stopped", logs)
+        view = wait_for(lambda: (j := _job(a, key)) and j["stopped_reporting"] and j, 30, "node-b named as stopped", logs)
         assert view["stopped_reporting"][0].startswith("node-b: no report since "), view
         stale = next(n for n in view["nodes"] if n["node"] == "node-b")
         assert stale["stale"] and stale["ranks"] == {"2": view["ranks"]["2"], "3": view["ranks"]["3"]}
@@ -244,7 +119,7 @@ def test_a_rank_on_node_b_deadlocks_one_incident_then_node_b_stops_reporting(fle
         def carried_on() -> tuple | None:
             (r,) = _db_hangs(fleet["db"], key)
             return r if "node-b: no report since" in r.summary else None
-        row = _wait(carried_on, 40, "node-a carrying the incident on", logs)
+        row = wait_for(carried_on, 40, "node-a carrying the incident on", logs)
         print(f"after node-b's hangd was killed: {row.summary}")
         assert row.status == "open" and not set(row.culprit_ranks or []) & {0, 1, 2}, row  # nobody blamed on stale words
         assert len(_db_hangs(fleet["db"], key)) == 1
