@@ -105,7 +105,11 @@ class NodeNs:
             orphans = []
         for c in orphans:
             c.kill()
-        psutil.wait_procs(orphans, timeout=5)
+        # the namespace's init only sleeps and never reaps: a killed rank stays a zombie until the
+        # namespace closes, so wait for the live ones to die, not for the zombies to go
+        t_end = time.time() + 5
+        while time.time() < t_end and any(_alive(c) for c in orphans):
+            time.sleep(0.05)
 
     def close(self) -> None:
         """Kill the namespace's init (not unshare, its parent): the kernel then ends everything in
@@ -117,6 +121,13 @@ class NodeNs:
         self.init.wait(10)
         for p in self.procs:
             p.wait(10)
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def torchrun(node: NodeNs, node_rank: int, port: int, tag: str, *args: str, nproc: int = 2) -> subprocess.Popen:
