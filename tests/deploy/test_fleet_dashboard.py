@@ -80,7 +80,8 @@ def test_jobs_by_state_counts_a_job_on_two_nodes_once(fleet_stack):
     # the node board does) it is 2 jobs, maybe in two states
     naive = query(prom, f'sum by (state) (hangd_job_state{{hangd_job="{key}"}} == 1)')
     seen = query(prom, f'hangd_job_state{{hangd_job="{key}"}} == 1')
-    print("\nthe job as each node exports it:", {r["metric"]["instance"]: r["metric"]["state"] for r in seen})
+    node_of = {s.url.removeprefix("http://"): n for n, (s, _) in fleet_stack["served"].items()}
+    print("\nthe job as each node exports it:", {node_of[r["metric"]["instance"]]: r["metric"]["state"] for r in seen})
     assert sum(float(r["value"][1]) for r in naive) == 2, naive
     now = query(prom, subst(expr, key))
     assert [(r["metric"], r["value"][1]) for r in now] == [({"state": "hung"}, "1")], now
