@@ -180,3 +180,15 @@ def test_series_of_gone_processes_go_after_the_setting_and_a_cap_holds():
     many = [{"pid": 10 + i, "state": "busy", "since": float(i)} for i in range(5)]
     kept = b.select(many, now=1200.0)
     assert len(kept) == 2 and b.dropped_total["cap"] == 3 * SERIES_PER_PROCESS
+
+
+def test_the_fleet_board_shows_a_job_of_one_node_too(stack):
+    """A job on one node has no per-node series: the fleet board's table still says its state, one
+    node and its ranks (the 2-rank nccl_stall replay)."""
+    board = json.loads(FLEET.read_text())
+    (table,) = [p for p in board["panels"] if p["title"].startswith("Jobs: state")]
+    state, nodes, ranks = (query_range(stack["prom"], subst(t["expr"]), stack["start"]) for t in table["targets"])
+    jobs = {r["metric"]["hangd_job"] for r in state}
+    assert len(jobs) == 1, state
+    assert [(r["metric"]["hangd_job"], r["values"][-1][1]) for r in nodes] == [(jobs.pop(), "1")]
+    assert [r["values"][-1][1] for r in ranks] == ["2"]
