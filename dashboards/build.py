@@ -1,7 +1,8 @@
 """Builds the Grafana dashboards (JSON, current schema) from one place: `python dashboards/build.py`.
 
 Every panel query is proven against a real Prometheus scraping a real hangd in
-tests/deploy/test_dashboards.py; the metric names are checked against /metrics there too."""
+tests/deploy (test_prometheus.py, and test_fleet_dashboard.py for the fleet board, against two
+nodes sharing a database); the metric names are checked against /metrics there too."""
 
 from __future__ import annotations
 
@@ -14,21 +15,26 @@ SEL = 'instance=~"$node"'
 JSEL = 'instance=~"$node", hangd_job=~"$job"'
 
 
-def templating(with_job: bool) -> dict[str, Any]:
-    ds = {"type": "prometheus", "uid": "${datasource}"}
+def _query_var(name: str, label: str, query: str) -> dict[str, Any]:
+    return {"name": name, "label": label, "type": "query", "datasource": {"type": "prometheus", "uid": "${datasource}"},
+            "query": {"query": query, "refId": name}, "definition": query, "refresh": 2, "includeAll": True,
+            "multi": True, "allValue": ".+", "current": {}}
+
+
+def templating(with_job: bool, fleet: bool = False) -> dict[str, Any]:
     lst: list[dict[str, Any]] = [
         {"name": "datasource", "label": "Prometheus", "type": "datasource", "query": "prometheus", "current": {},
          "hide": 0, "refresh": 1},
-        {"name": "node", "label": "Node", "type": "query", "datasource": ds,
-         "query": {"query": "label_values(hangd_build_info, instance)", "refId": "node"},
-         "definition": "label_values(hangd_build_info, instance)", "refresh": 2, "includeAll": True, "multi": True,
-         "allValue": ".+", "current": {}},
     ]
+    if fleet:
+        # a node of a job that spans nodes is the name its hangd writes under (--node-name), the
+        # label `node`; every job, on one node or several, by its key
+        lst += [_query_var("node", "Node", "label_values(hangd_job_node_ranks, node)"),
+                _query_var("job", "Job", "label_values(hangd_job_state, hangd_job)")]
+        return {"list": lst}
+    lst.append(_query_var("node", "Node", "label_values(hangd_build_info, instance)"))
     if with_job:
-        lst.append({"name": "job", "label": "Job", "type": "query", "datasource": ds,
-                    "query": {"query": 'label_values(hangd_job_state{instance=~"$node"}, hangd_job)', "refId": "job"},
-                    "definition": 'label_values(hangd_job_state{instance=~"$node"}, hangd_job)', "refresh": 2,
-                    "includeAll": True, "multi": True, "allValue": ".+", "current": {}})
+        lst.append(_query_var("job", "Job", 'label_values(hangd_job_state{instance=~"$node"}, hangd_job)'))
     return {"list": lst}
 
 
@@ -41,35 +47,38 @@ class Board:
 
     def add(self, ptype: str, title: str, targets: list[tuple[str, str]], *, unit: str, description: str,
             w: int = 12, h: int = 8, options: dict[str, Any] | None = None,
-            overrides: list[dict[str, Any]] | None = None, instant: bool = False) -> None:
+            overrides: list[dict[str, Any]] | None = None, instant: bool = False, table: bool = False,
+            transformations: list[dict[str, Any]] | None = None, defaults: dict[str, Any] | None = None) -> None:
         """One panel. ``unit`` (a Grafana unit id, "none" for a plain count) and ``description`` (what
         the panel tells a person on call) are required: a number without either is a guess."""
         assert unit and description, f"panel {title!r} needs a unit and a description"
         if self.x + w > 24:
             self.x, self.y = 0, self.y + self.row_h
             self.row_h = 0
-        defaults: dict[str, Any] = {"unit": unit}
+        defaults = {"unit": unit, **(defaults or {})}
         panel = {
             "id": len(self.panels) + 1, "type": ptype, "title": title, "description": description,
             "datasource": {"type": "prometheus", "uid": "${datasource}"},
             "gridPos": {"x": self.x, "y": self.y, "w": w, "h": h},
             "targets": [{"refId": chr(ord("A") + i), "expr": expr, "legendFormat": legend,
                          "datasource": {"type": "prometheus", "uid": "${datasource}"},
-                         **({"instant": True, "range": False} if instant else {})}
+                         **({"instant": True, "range": False} if instant else {}),
+                         **({"format": "table"} if table else {})}
                         for i, (expr, legend) in enumerate(targets)],
             "fieldConfig": {"defaults": defaults, "overrides": overrides or []},
             "options": options or {},
+            **({"transformations": transformations} if transformations else {}),
         }
         self.panels.append(panel)
         self.x += w
         self.row_h = max(self.row_h, h)
 
 
-def dashboard(uid: str, title: str, board: Board, with_job: bool, description: str) -> dict[str, Any]:
+def dashboard(uid: str, title: str, board: Board, with_job: bool, description: str, fleet: bool = False) -> dict[str, Any]:
     return {
         "uid": uid, "title": title, "description": description, "tags": ["hangd", "gpu"], "timezone": "browser",
         "schemaVersion": 39, "version": 1, "editable": True, "refresh": "10s", "time": {"from": "now-1h", "to": "now"},
-        "templating": templating(with_job), "annotations": {"list": []}, "panels": board.panels,
+        "templating": templating(with_job, fleet), "annotations": {"list": []}, "panels": board.panels,
         "links": [{"title": "hangd incidents", "type": "dashboards", "tags": ["hangd"], "asDropdown": True}],
     }
 
@@ -167,9 +176,89 @@ def self_view() -> dict[str, Any]:
     return dashboard("hangd-self", "hangd / health", b, False, "Is hangd itself healthy: sources, tick cost, store.")
 
 
+# Seconds since a node of a job last reported: hangd itself names a node stopped after node_stale_s
+# (its default); HangdJobNodeSilent fires past SILENT_S (tests/deploy checks the rule says the same).
+NODE_STALE_S = 15
+SILENT_S = 60
+HANG_KINDS = "nccl_stall|host_stall|io_stall"
+FJ = 'hangd_job=~"$job"'
+FJN = 'hangd_job=~"$job", node=~"$node"'
+
+
+def fleet_view() -> dict[str, Any]:
+    """Jobs across every node. A job that spans nodes is exported by each of its nodes' hangd: every
+    query here takes one value per job (or per job and node) across them, never a sum over nodes."""
+    b = Board()
+    b.add("stat", "Jobs by state, each job once across all nodes",
+          [(f"count by (state) (hangd:job_state:worst{{{FJ}}})", "{{state}}")], w=24, h=4, instant=True, unit="none",
+          description="How many jobs are in each state now, over the whole fleet. A job whose ranks run on several "
+                      "nodes counts once (not once per node), in the worst state any of its nodes sees it in; "
+                      "hung and orphaned need a person.",
+          options={"reduceOptions": {"calcs": ["lastNotNull"]}, "colorMode": "background", "graphMode": "none"},
+          overrides=[{"matcher": {"id": "byName", "options": st},
+                      "properties": [{"id": "color", "value": {"mode": "fixed", "fixedColor": c}}]}
+                     for st, c in STATE_COLORS.items()])
+    b.add("state-timeline", "Each job's state across its nodes",
+          [(f"hangd:job_state:worst{{{FJ}}} == 1", "{{hangd_job}}: {{state}}")], w=24, h=8, unit="none",
+          description="One row per job and state, the worst state any node of the job reports (a job on several "
+                      "nodes is one row, not one per node): when it went hung, and whether it recovered.",
+          options={"mergeValues": True, "showValue": "never", "rowHeight": 0.8})
+    b.add("table", "Jobs: state, nodes, ranks",
+          [(f"hangd:job_state:worst{{{FJ}}}", ""),
+           # a job on one node has no per-node series: its node is the one hangd exporting it
+           (f"count by (hangd_job) (max by (hangd_job, node) (hangd_job_node_ranks{{{FJ}}})) "
+            f"or count by (hangd_job) (max by (hangd_job, instance) (hangd_job_ranks{{{FJ}}}))", ""),
+           (f"sum by (hangd_job) (max by (hangd_job, node) (hangd_job_node_ranks{{{FJ}}})) "
+            f"or max by (hangd_job) (hangd_job_ranks{{{FJ}}})", "")],
+          w=24, h=7, instant=True, table=True, unit="none",
+          description="Every job once: its key (the same on all its nodes), its worst state, how many nodes "
+                      "run its ranks and how many ranks there are in all. More nodes than expected: two launches "
+                      "share a key; fewer: a node never joined.",
+          transformations=[{"id": "merge", "options": {}},
+                           {"id": "organize", "options": {
+                               "excludeByName": {"Time": True, "Value #A": True},
+                               "renameByName": {"hangd_job": "job", "Value #B": "nodes", "Value #C": "ranks"},
+                               "indexByName": {"hangd_job": 0, "state": 1, "Value #B": 2, "Value #C": 3}}}])
+    b.add("timeseries", "Nodes reporting each job",
+          [(f"count by (hangd_job) (hangd:job_node_seconds_since_report{{{FJ}}} <= {SILENT_S})", "{{hangd_job}}")],
+          unit="none", options={"legend": {"displayMode": "table", "placement": "right", "calcs": ["lastNotNull"]}},
+          description=f"Jobs that span nodes: how many of each job's nodes reported in the last {SILENT_S} s. "
+                      "A drop is a node whose hangd died or lost the database (see the next panels); its ranks "
+                      "are not judged meanwhile.")
+    b.add("bargauge", "Ranks per node",
+          [(f"max by (hangd_job, node) (hangd_job_node_ranks{{{FJN}}})", "{{hangd_job}} {{node}}")],
+          instant=True, unit="none", options={"displayMode": "basic", "orientation": "horizontal", "showUnfilled": True},
+          description="Jobs that span nodes: how many ranks each node runs for each job, as the job's nodes "
+                      "report them. A node missing here never joined the job, or its ranks exited.")
+    b.add("timeseries", "Seconds since each node last reported",
+          [(f"hangd:job_node_seconds_since_report{{{FJN}}}", "{{hangd_job}} {{node}}")], w=24, unit="s",
+          description=f"Jobs that span nodes: the age of each node's latest report. Past {NODE_STALE_S} s (orange) "
+                      f"the other nodes name it stopped and never blame its ranks; past {SILENT_S} s (red) "
+                      "HangdJobNodeSilent fires: check hangd on that node and its database connection.",
+          defaults={"color": {"mode": "thresholds"}, "min": 0,
+                    "thresholds": {"mode": "absolute", "steps": [
+                        {"color": "green", "value": None}, {"color": "orange", "value": NODE_STALE_S},
+                        {"color": "red", "value": SILENT_S}]},
+                    "custom": {"thresholdsStyle": {"mode": "line+area"}}})
+    b.add("table", "Open hang incidents and their culprit ranks",
+          [(f'max by (hangd_job, kind, culprit_ranks) (hangd_incident_opened_timestamp_seconds{{kind=~"{HANG_KINDS}", '
+            f"{FJ}}}) * 1000", "")],
+          w=24, h=7, instant=True, table=True, unit="dateTimeAsIso",
+          description="Every hung job once, with the global ranks hangd names as the ones the others wait for, "
+                      "and when it opened. The incident (GET /incidents?job=<job> on any node of the job) says "
+                      "which node runs the culprit and what it does: read it before killing anything.",
+          transformations=[{"id": "organize", "options": {
+              "excludeByName": {"Time": True},
+              "renameByName": {"hangd_job": "job", "culprit_ranks": "culprit ranks", "Value": "opened"},
+              "indexByName": {"hangd_job": 0, "culprit_ranks": 1, "kind": 2, "Value": 3}}}])
+    return dashboard("hangd-fleet", "hangd / fleet: jobs across nodes", b, True,
+                     "Every job once across all nodes: states, nodes and ranks per job, silent nodes, hangs and "
+                     "their culprits.", fleet=True)
+
+
 def main() -> None:
     for name, d in (("hangd-node.json", node_view()), ("hangd-incidents.json", incidents_view()),
-                    ("hangd-self.json", self_view())):
+                    ("hangd-self.json", self_view()), ("hangd-fleet.json", fleet_view())):
         (HERE / name).write_text(json.dumps(d, indent=2) + "\n")
 
 

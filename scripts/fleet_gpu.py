@@ -199,7 +199,7 @@ def main() -> int:
     try:
         for n, node in nodes.items():
             port = realpg.free_port()
-            hangds[n] = node.serve(pg.url, port, {})[0]
+            hangds[n] = node.start(pg.url, port, {})[0]
             urls[n] = f"http://127.0.0.1:{port}"
         for n, url in urls.items():
             ok, took = wait(lambda url=url: httpx.get(url + "/healthz", timeout=2).status_code == 200, 120)

@@ -53,7 +53,15 @@ def _no_leftover_children():
     me = psutil.Process()
     before = {c.pid for c in me.children(recursive=True)}
     yield
-    left = [c for c in me.children(recursive=True) if c.pid not in before and c.status() != psutil.STATUS_ZOMBIE]
+
+    def started_here(c: psutil.Process) -> bool:
+        # a process a module's server started (a live hangd's py-spy) is that server's, not the test's
+        try:
+            return c.status() != psutil.STATUS_ZOMBIE and not any(a.pid in before for a in c.parents())
+        except psutil.NoSuchProcess:
+            return False
+
+    left = [c for c in me.children(recursive=True) if c.pid not in before and started_here(c)]
     if left:
         for c in left:
             c.kill()

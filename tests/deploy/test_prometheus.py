@@ -14,11 +14,8 @@ import pytest
 import yaml
 
 from ..conftest import ROOT, TRACES
-from ..server.conftest import free_port, serve
-
-RULES = ROOT / "deploy" / "prometheus" / "hangd-rules.yml"
-DASHBOARDS = sorted((ROOT / "dashboards").glob("*.json"))
-
+from ..server.conftest import serve
+from .prom import DASHBOARDS, FLEET, RULES, exprs, prometheus, query_range, subst
 
 GUIDE = ROOT / "docs" / "operator-guide.md"
 
@@ -61,7 +58,7 @@ def test_the_distributed_job_is_hangd_job_never_job():
     rules = RULES.read_text()
     assert "$labels.job " not in rules and "$labels.job}" not in rules and "(instance, job)" not in rules
     assert "honor_labels" not in (ROOT / "deploy" / "prometheus" / "scrape-config.yml").read_text().split("scrape_configs")[1]
-    for where, expr in _exprs():
+    for where, expr in exprs(DASHBOARDS):
         assert not re.search(r"\bjob=~\"\$job\"|by \(job\b|\{\{job\}\}", expr), where
     for p in DASHBOARDS:
         d = json.loads(p.read_text())
@@ -81,7 +78,7 @@ def test_every_panel_has_a_unit_and_a_description():
 
 
 def test_dashboards_are_current_schema_with_variables():
-    assert {p.name for p in DASHBOARDS} == {"hangd-node.json", "hangd-incidents.json", "hangd-self.json"}
+    assert {p.name for p in DASHBOARDS} == {"hangd-node.json", "hangd-incidents.json", "hangd-self.json", "hangd-fleet.json"}
     for p in DASHBOARDS:
         d = json.loads(p.read_text())
         assert d["schemaVersion"] >= 39
@@ -96,61 +93,31 @@ def test_dashboards_are_current_schema_with_variables():
 
 
 def _exprs() -> list[tuple[str, str]]:
-    out = []
-    for p in DASHBOARDS:
-        for pan in json.loads(p.read_text())["panels"]:
-            for t in pan["targets"]:
-                out.append((f"{p.stem}: {pan['title']}", t["expr"]))
-    return out
-
-
-def _subst(expr: str) -> str:
-    return (expr.replace("$node", ".+").replace("$job", ".+").replace("$__rate_interval", "1m")
-            .replace("${__range}", "5m"))
+    """The queries of the boards of one node (the fleet board's: test_fleet_dashboard.py)."""
+    return exprs([p for p in DASHBOARDS if p != FLEET])
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     """A real hangd serving a replayed nccl_stall, and a real Prometheus scraping it with our rules."""
     tmp = tmp_path_factory.mktemp("prom")
-    running = []
     s = serve(tmp, "--replay", str(TRACES / "nccl_stall"), "--speed", "0.5")
-    running.append(s)
-    port = free_port()
-    rules = tmp / "rules.yml"
-    # evaluate the recording group every second here (the shipped file says 15s)
-    doc = yaml.safe_load(RULES.read_text())
-    for g in doc["groups"]:
-        g["interval"] = "1s"
-    rules.write_text(yaml.safe_dump(doc))
-    (tmp / "prometheus.yml").write_text(yaml.safe_dump({
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "rule_files": [str(rules)],
-        "scrape_configs": [{"job_name": "hangd",
-                            "static_configs": [{"targets": [s.url.removeprefix("http://")]}]}],
-    }))
-    prom = subprocess.Popen(["prometheus", f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
-                             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-                            stdout=open(tmp / "prom.log", "w"), stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
     alerts_seen: list[dict] = []
     try:
-        t_end = time.time() + 150
-        while time.time() < t_end:
-            try:
-                a = httpx.get(base + "/api/v1/alerts", timeout=5).json()["data"]["alerts"]
-                alerts_seen += [x for x in a if x["state"] == "firing"]
-                if s.get("/readyz").json()["detail"].startswith("replay finished") and alerts_seen:
-                    break
-            except (httpx.HTTPError, ValueError):  # Prometheus answers 503 in plain text while it starts
-                pass
-            time.sleep(1)
-        yield {"prom": base, "hangd": s, "alerts": alerts_seen, "start": time.time() - 160, "tmp": tmp}
+        with prometheus(tmp, [s.url]) as base:
+            t_end = time.time() + 150
+            while time.time() < t_end:
+                try:
+                    a = httpx.get(base + "/api/v1/alerts", timeout=5).json()["data"]["alerts"]
+                    alerts_seen += [x for x in a if x["state"] == "firing"]
+                    if s.get("/readyz").json()["detail"].startswith("replay finished") and alerts_seen:
+                        break
+                except (httpx.HTTPError, ValueError):  # Prometheus answers 503 in plain text while it starts
+                    pass
+                time.sleep(1)
+            yield {"prom": base, "hangd": s, "alerts": alerts_seen, "start": time.time() - 160, "tmp": tmp}
     finally:
-        prom.terminate()
-        prom.wait(20)
-        for x in running:
-            x.stop()
+        s.stop()
 
 
 def test_hung_job_alert_fires_from_a_real_scrape(stack):
@@ -165,10 +132,7 @@ def test_hung_job_alert_fires_from_a_real_scrape(stack):
 
 @pytest.mark.parametrize("where,expr", _exprs(), ids=[w for w, _ in _exprs()])
 def test_every_dashboard_query_returns_data(stack, where, expr):
-    r = httpx.get(stack["prom"] + "/api/v1/query_range", timeout=20,
-                  params={"query": _subst(expr), "start": stack["start"], "end": time.time(), "step": "1"}).json()
-    assert r["status"] == "success", r
-    assert r["data"]["result"], f"{where}: no data for {_subst(expr)}"
+    assert query_range(stack["prom"], subst(expr), stack["start"]), f"{where}: no data for {subst(expr)}"
 
 
 def test_every_metric_named_by_dashboards_and_rules_exists(stack):
@@ -216,3 +180,15 @@ def test_series_of_gone_processes_go_after_the_setting_and_a_cap_holds():
     many = [{"pid": 10 + i, "state": "busy", "since": float(i)} for i in range(5)]
     kept = b.select(many, now=1200.0)
     assert len(kept) == 2 and b.dropped_total["cap"] == 3 * SERIES_PER_PROCESS
+
+
+def test_the_fleet_board_shows_a_job_of_one_node_too(stack):
+    """A job on one node has no per-node series: the fleet board's table still says its state, one
+    node and its ranks (the 2-rank nccl_stall replay)."""
+    board = json.loads(FLEET.read_text())
+    (table,) = [p for p in board["panels"] if p["title"].startswith("Jobs: state")]
+    state, nodes, ranks = (query_range(stack["prom"], subst(t["expr"]), stack["start"]) for t in table["targets"])
+    jobs = {r["metric"]["hangd_job"] for r in state}
+    assert len(jobs) == 1, state
+    assert [(r["metric"]["hangd_job"], r["values"][-1][1]) for r in nodes] == [(jobs.pop(), "1")]
+    assert [r["values"][-1][1] for r in ranks] == ["2"]

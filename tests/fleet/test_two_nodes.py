@@ -5,77 +5,30 @@ rendezvous. Each hangd sees only its namespace's ranks and shares what it sees t
 database. Checked: a healthy job raises nothing; rank 3 on node-b deadlocking (it stops calling
 collectives and waits on an event) is one hang incident in the database, seen through both
 nodes' APIs, naming rank 3 and node-b; node-b's hangd killed, node-a's view says node-b stopped
-reporting and blames nobody on what node-b said last.
-
-The same checks run on GPUs, with NCCL and one GPU per node, in scripts/fleet_gpu.py."""
+reporting and blames nobody on what node-b said last. The nodes are made as tests/fleet/nodes.py says;
+the same checks run on GPUs, with NCCL and one GPU per node, in scripts/fleet_gpu.py."""
 
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
-import httpx
 import pytest
 from sqlalchemy import create_engine, text
 
-from ..conftest import WORKLOADS, torch_available
+from ..conftest import torch_available
 from ..server.conftest import Served, free_port, postgres_url  # noqa: F401 - the fixture
-from .nodes import NodeNs, NoNamespaces, unshare_prefix
+from .nodes import torchrun, two_nodes, wait_for
 
 pytestmark = pytest.mark.skipif(not torch_available(), reason="torch is a test dependency")
-# thresholds shortened as the other end-to-end tests do, so a 2-core runner sees a hang in seconds
-ENV = {"HANGD_HANG_HOST_S": "6", "HANGD_HANG_GPU_S": "6", "HANGD_HEARTBEAT_S": "1", "HANGD_NODE_STALE_S": "6"}
-
-
-def _serve(node: NodeNs, db: str) -> tuple[Served, subprocess.Popen]:
-    port = free_port()
-    p, log = node.serve(db, port, ENV, "--interval", "0.5")
-    s = Served(p, f"http://127.0.0.1:{port}", db, log)
-    s.wait_for(lambda s: s.get("/healthz").status_code == 200, 90, f"{node.name}'s hangd")
-    return s, p
-
-
-def torchrun(node: NodeNs, node_rank: int, port: int, tag: str, *args: str,
-             env: dict[str, str] | None = None) -> subprocess.Popen:
-    return node.run([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node_rank),
-                     "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(port),
-                     str(WORKLOADS / "torchrun_job.py"), *args], node.tmp / f"job-{tag}-{node.name}.log", env=env)
 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory, postgres_url) -> Iterator[dict]:  # noqa: F811 - the fixture
     tmp = tmp_path_factory.mktemp("fleet")
-    try:
-        user = unshare_prefix()
-    except NoNamespaces as e:
-        pytest.fail(str(e))
-    nodes = {n: NodeNs(n, tmp, user) for n in ("node-a", "node-b")}
-    try:
-        served = {n: _serve(ns, postgres_url) for n, ns in nodes.items()}
+    with two_nodes(tmp, postgres_url) as (nodes, served):
         yield {"nodes": nodes, "served": served, "db": postgres_url, "tmp": tmp}
-    finally:
-        for ns in nodes.values():
-            ns.close()
-        left = [p for ns in nodes.values() for p in ns.left_running()]
-        assert not left, f"processes of the nodes left running: {left}"
-
-
-def _wait(pred, timeout: float, what: str, logs: list[Path]) -> object:
-    t_end = time.time() + timeout
-    last = None
-    while time.time() < t_end:
-        try:
-            last = pred()
-            if last:
-                return last
-        except (httpx.HTTPError, KeyError, IndexError):
-            pass
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}; last={last!r}\n" + "\n".join(f"--- {p.name}\n{p.read_text()[-2500:]}"
-                                                                                   for p in logs if p.exists()))
 
 
 def _job(s: Served, key: str) -> dict:
@@ -102,7 +55,7 @@ def test_a_healthy_job_on_two_nodes_is_one_job_on_both_and_raises_nothing(fleet)
     logs = [fleet["tmp"] / f"job-healthy-{n}.log" for n in nodes] + [s.log for s, _ in served.values()]
     try:
         for n, (s, _) in served.items():
-            view = _wait(lambda s=s: (j := _job(s, key)) and len(j.get("fleet_ranks") or {}) == 4 and j, 90,
+            view = wait_for(lambda s=s: (j := _job(s, key)) and len(j.get("fleet_ranks") or {}) == 4 and j, 90,
                          f"the whole job on {n}", logs)
             assert view["rank_nodes"] == {"0": "node-a", "1": "node-a", "2": "node-b", "3": "node-b"}, view
             assert view["identity"] == {"rendezvous": f"127.0.0.1:{port}"} and view["world_size"] == 4
@@ -133,7 +86,7 @@ def test_a_rank_on_node_b_deadlocks_one_incident_then_node_b_stops_reporting(fle
         def named() -> list:
             rows = _db_hangs(fleet["db"], key)
             return rows if any(3 in (r.culprit_ranks or []) for r in rows) else []
-        rows = _wait(named, 120, "a hang incident naming rank 3", logs)
+        rows = wait_for(named, 120, "a hang incident naming rank 3", logs)
         time.sleep(4)  # both nodes have judged by now: still one
         rows = _db_hangs(fleet["db"], key)
         assert len(rows) == 1, rows
@@ -156,7 +109,7 @@ def test_a_rank_on_node_b_deadlocks_one_incident_then_node_b_stops_reporting(fle
             found = s.get(f"/incidents/{row.id}").json()["findings"]
             return next((f for f in found if f["kind"] == "missing_rank" and f["ranks"] == [0, 1, 2]), None)
         for s in (a, b):
-            f = _wait(lambda s=s: fr_missing(s), 60, "a flight-recorder finding over both nodes' ranks", logs)
+            f = wait_for(lambda s=s: fr_missing(s), 60, "a flight-recorder finding over both nodes' ranks", logs)
             assert f["missing_ranks"] == [3] and f["op"].endswith("all_reduce"), f
             # the ranks of the other node than the one that wrote the incident are named with their node
             assert f["nodes"] in ({"0": "node-a", "1": "node-a"}, {"2": "node-b", "3": "node-b"}), f
@@ -177,7 +130,7 @@ def test_a_rank_on_node_b_deadlocks_one_incident_then_node_b_stops_reporting(fle
         # node-b's hangd dies; the job (and the hang) go on
         hangd_b = served["node-b"][1]
         nodes["node-b"].kill_tree(hangd_b)
-        view = _wait(lambda: (j := _job(a, key)) and j["stopped_reporting"] and j, 30, "node-b named as stopped", logs)
+        view = wait_for(lambda: (j := _job(a, key)) and j["stopped_reporting"] and j, 30, "node-b named as stopped", logs)
         assert view["stopped_reporting"][0].startswith("node-b: no report since "), view
         stale = next(n for n in view["nodes"] if n["node"] == "node-b")
         assert stale["stale"] and stale["ranks"] == {"2": view["ranks"]["2"], "3": view["ranks"]["3"]}
@@ -185,7 +138,7 @@ def test_a_rank_on_node_b_deadlocks_one_incident_then_node_b_stops_reporting(fle
         def carried_on() -> tuple | None:
             (r,) = _db_hangs(fleet["db"], key)
             return r if "node-b: no report since" in r.summary else None
-        row = _wait(carried_on, 40, "node-a carrying the incident on", logs)
+        row = wait_for(carried_on, 40, "node-a carrying the incident on", logs)
         print(f"after node-b's hangd was killed: {row.summary}")
         assert row.status == "open" and not set(row.culprit_ranks or []) & {0, 1, 2}, row  # nobody blamed on stale words
         assert len(_db_hangs(fleet["db"], key)) == 1
