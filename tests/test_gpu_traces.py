@@ -25,6 +25,9 @@ EXPECT = {
     "mismatch": (["collective_mismatch"], [1]),
     "sigstop": (["nccl_stall"], [1]),
     "kill": (["rank_exited"], [1]),
+    # recorded on one H200: two ranks on the one GPU, gloo between them on CUDA tensors; rank 1 stops
+    # calling collectives, rank 0 blocks in all_reduce host-side while the GPU idles
+    "../h200x1-live/gloo_cuda_stall": (["host_stall"], [1]),
 }
 _cache: dict[str, dict] = {}
 

@@ -35,7 +35,7 @@ VIEW_EVERY_S = 20.0
 # stopped rank, a straggler, a size mismatch, an orphan
 CASES = [
     "h200x2/compute", "h200x2/idle_server", "h200x2/train", "h200x2/load", "h200x2/cpu_hang",
-    "h200x2/nccl_stall", "h200x2-hf2/back_to_back", "h200x2-hf2/healthy", "h200x2-hf2/slow_load",
+    "h200x2/nccl_stall", "h200x1-live/gloo_cuda_stall", "h200x2-hf2/back_to_back", "h200x2-hf2/healthy", "h200x2-hf2/slow_load",
     "h200x2-live/straggler", "h200x2-hf2/gloo_handshake", "h200x2-hf2/worker_died", "h200x2-live/kill",
     "h200x2-live/mismatch", "h200x2-live/sigstop", "h200x2-live/orphan", "h200x2-live/nccl_stall",
     "h200x2-hf/back_to_back", "h200x2-hf/healthy", "h200x2-hf/slow_load", "h200x2-hf/gloo_handshake",
