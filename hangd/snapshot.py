@@ -178,6 +178,7 @@ class RemoteRank:
     last_progress: float | None
     reported_at: float  # that node's hangd's last heartbeat
     reading: str | None = None  # what the rank does on its own, in words, as that node judged it
+    local: str | None = None  # what it does on its own (a Local: "serving", "waiting", "quiet", ...)
 
 
 @dataclass(slots=True)

@@ -173,7 +173,7 @@ class Analyzer:
                 pr = self.progress.of(pid)
                 # a rank of a job that spans nodes also says what the other nodes diagnose with
                 fleet = {"world_size": job.world_size, "waits": p.reading.local.waits_for_peer,
-                         "reading": p.reading.why} if job.spans_nodes else {}
+                         "local": str(p.reading.local), "reading": p.reading.why} if job.spans_nodes else {}
                 out.append({**fleet, "pid": pid, "rank": job.ranks[pid], "rank_from": job.rank_source.get(pid), "job": job.id,
                             "state": str(p.state), "since": round(p.since, 3), "reason": p.reason,
                             "gpus": s.gpu_indexes if s else [],

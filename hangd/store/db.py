@@ -796,10 +796,11 @@ class Store:
         # (SQLite keeps every text it prepared, ~25 KiB each, up to 128 per connection)
         for part in _padded(unknown):
             for r in s.execute(select(tbl.c.pid, tbl.c.first_seen, tbl.c.job, tbl.c.rank, tbl.c.state, tbl.c.since,
-                                      tbl.c.reason, tbl.c.world_size, tbl.c.last_progress, tbl.c.waits, tbl.c.reading)
+                                      tbl.c.reason, tbl.c.world_size, tbl.c.last_progress, tbl.c.waits, tbl.c.reading,
+                                      tbl.c.local)
                                .where(tbl.c.node_id == self.node_id, tbl.c.pid.in_(part)).order_by(tbl.c.first_seen)):
                 rows[r.pid] = (r.first_seen, (r.job, r.rank, r.state, r.since, r.reason, r.world_size, r.last_progress,
-                                              r.waits, r.reading))
+                                              r.waits, r.reading, r.local))
         new, changed, same = [], [], []
         for p in procs:
             pid, job = p["pid"], p.get("job")
@@ -812,7 +813,8 @@ class Store:
             lp = math.floor(lp / self.heartbeat_s) * self.heartbeat_s if lp is not None else None
             vals = (job, p.get("rank"), p.get("state"), p.get("since"), p.get("reason"),
                     p.get("world_size") if fleet else None, lp,
-                    p.get("waits") if fleet else None, p.get("reading") if fleet else None)
+                    p.get("waits") if fleet else None, p.get("reading") if fleet else None,
+                    p.get("local") if fleet else None)
             cur = rows.get(pid)
             if cur is not None and cur[1] == vals:
                 same.append({"b_pid": pid, "b_first": cur[0]})
@@ -820,7 +822,7 @@ class Store:
             row = {"job": job, "rank": vals[1], "state": vals[2], "since": vals[3],
                    "reason": redact_text(vals[4]) if vals[4] else vals[4], "world_size": vals[5],
                    "last_progress": vals[6], "waits": vals[7],
-                   "reading": redact_text(vals[8]) if vals[8] else vals[8], "last_seen": t}
+                   "reading": redact_text(vals[8]) if vals[8] else vals[8], "local": vals[9], "last_seen": t}
             if cur is None or cur[1][0] != job:  # a pid seen again in another job is another process
                 new.append(dict(row, node_id=self.node_id, pid=pid, first_seen=t))
                 rows[pid] = (t, vals)
@@ -835,7 +837,7 @@ class Store:
         if changed:
             ok = self._updated_all(s, update(tbl).where(*where).values(
                 {k: bindparam(k) for k in ("job", "rank", "state", "since", "reason", "world_size", "last_progress",
-                                           "waits", "reading", "last_seen")}), changed)
+                                           "waits", "reading", "local", "last_seen")}), changed)
         if touch and same:
             ok = self._updated_all(s, update(tbl).where(*where).values(last_seen=t), same) and ok
         if not ok and retry:  # a row went from under the store (retention): read them all again
@@ -1110,12 +1112,13 @@ class Store:
         now = now or time.time()
         tbl = PROCESSES
         q = (select(tbl.c.job, NODES.c.hostname, tbl.c.rank, tbl.c.pid, tbl.c.state, tbl.c.reason, tbl.c.waits,
-                    tbl.c.last_progress, tbl.c.reading, NODES.c.last_seen.label("reported_at"))
+                    tbl.c.last_progress, tbl.c.reading, tbl.c.local, NODES.c.last_seen.label("reported_at"))
              .join(NODES, NODES.c.id == tbl.c.node_id)
              .where(tbl.c.job.in_(sorted(set(jobs))), tbl.c.node_id != self.node_id, *self._current(tbl, now)))
         with self.Session() as s:
             return [RemoteRank(job=r.job, node=r.hostname, rank=r.rank, pid=r.pid, state=r.state, reason=r.reason,
-                               waits=r.waits, last_progress=r.last_progress, reported_at=r.reported_at, reading=r.reading)
+                               waits=r.waits, last_progress=r.last_progress, reported_at=r.reported_at, reading=r.reading,
+                               local=r.local)
                     for r in s.execute(q)]
 
     def remote_dumps(self, jobs: list[str], now: float | None = None) -> list[RemoteDump]:

@@ -76,6 +76,7 @@ class Process(Base):
     last_progress: Mapped[float | None] = mapped_column(Float)
     waits: Mapped[bool | None] = mapped_column(Boolean)  # blocked in a collective, waiting for a peer
     reading: Mapped[str | None] = mapped_column(Text)  # what the rank does on its own, in words (its state's why)
+    local: Mapped[str | None] = mapped_column(String(16))  # the same as a kind: "serving", "waiting", "quiet", ...
 
 
 class StateChange(Base):

@@ -286,3 +286,50 @@ def test_a_finding_made_from_this_node_s_dumps_widens_when_the_other_node_s_dump
     assert [x["ranks"] for x in inc.findings if x["kind"] == "missing_rank"] == [[0, 1, 2]]
     assert inc.culprit_ranks == [3] and inc.culprit_pids == [702], inc.summary
     assert node.an.take_fr_dumps().keys() == {(JOB, 2), (JOB, 3)}  # for node-a, through the store
+
+
+def _node_b_waiting_in_broadcast() -> Node:
+    """Node B's two ranks (2, 3) blocked host-side in a collective (their stacks say so), GPUs idle."""
+    node = Node([P(10, 1), P(21, 10, _env(2), gpu=0), P(22, 10, _env(3), gpu=1)])
+    node.name = "node-b"
+    return node
+
+
+def _stack_in_broadcast(node: Node, pids: list[int]) -> None:
+    for pid in pids:
+        node.stack(pid, [("torch/distributed/distributed_c10d.py", "broadcast"), ("worker.py", "loop")])
+
+
+def test_an_idle_server_across_nodes_is_not_a_hang():
+    """An inference server over two nodes with no requests: the coordinator (rank 0, on node-a) waits
+    for requests, the workers here wait for it in a broadcast. Serving, not hung, however long."""
+    node = _node_b_waiting_in_broadcast()
+
+    def remote(t: float) -> list[RemoteRank]:
+        return [RemoteRank(job=JOB, node="node-a", rank=0, pid=7, state="idle", reason="waiting for requests",
+                           waits=False, last_progress=900.0, reported_at=t - 1, local="serving",
+                           reading="its stack is waiting for requests (zmq recv)"),
+                RemoteRank(job=JOB, node="node-a", rank=1, pid=8, state="waiting_peer", reason="broadcast",
+                           waits=True, last_progress=900.0, reported_at=t - 1, local="waiting")]
+    node.remote = remote
+    for _ in range(12):
+        _stack_in_broadcast(node, [21, 22])
+        node.run(10)
+    assert node.kinds() == [], [i.summary for i in node.an.incidents()]
+
+
+def test_the_node_of_the_culprit_says_the_job_is_hung_and_names_its_rank():
+    """Rank 3, this node's only rank, waits on an event; ranks 0-2 on node-a wait in the collective:
+    this node too judges the job hung (one incident for the job) and names its own rank 3."""
+    node = Node([P(10, 1), P(22, 10, _env(3), gpu=1)])
+    node.name = "node-b"
+    node.remote = lambda t: [RemoteRank(job=JOB, node="node-a", rank=r, pid=5 + r, state="hung", reason="in all_reduce",
+                                        waits=True, last_progress=900.0, reported_at=t - 1, local="waiting")
+                             for r in (0, 1, 2)]
+    for _ in range(4):
+        node.stack(22, [("threading.py", "wait"), ("train.py", "main")])
+        node.run(10)
+    (inc,) = node.an.incidents()
+    assert inc.kind == "host_stall" and inc.culprit_ranks == [3], inc.summary
+    assert inc.summary.startswith("rank 3 on node-b (pid 22) is not in the collective its peers wait in"), inc.summary
+    assert node.state(22) == "hung"

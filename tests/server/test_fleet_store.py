@@ -18,7 +18,8 @@ from hangd.store.db import ID_STRIDE, Batch, Store, StoreInUse
 def _ranks(job: str, ranks: dict[int, tuple[int, str, bool]], t: float) -> list[dict]:
     """rank -> (pid, state, waits), as Analyzer.processes() gives the ranks of a job that spans nodes."""
     return [{"pid": pid, "job": job, "rank": r, "state": st, "since": t, "reason": f"rank {r} {st}", "world_size": 4,
-             "last_progress": t - 30, "waits": waits, "reading": f"rank {r} on its own"}
+             "last_progress": t - 30, "waits": waits, "reading": f"rank {r} on its own",
+             "local": "waiting" if waits else "serving"}
             for r, (pid, st, waits) in ranks.items()]
 
 
@@ -59,6 +60,8 @@ def test_each_node_reads_the_other_nodes_ranks_of_a_job_that_spans_nodes(fleet):
     assert set(seen) == {(b.hostname, 2), (b.hostname, 3)}
     assert seen[(b.hostname, 3)].waits is False and seen[(b.hostname, 3)].pid == 702
     assert seen[(b.hostname, 3)].reading == "rank 3 on its own"
+    # what the rank does as a kind: a rank waiting for requests is not a culprit (an idle server)
+    assert seen[(b.hostname, 3)].local == "serving" and seen[(b.hostname, 2)].local == "waiting"
     assert abs(seen[(b.hostname, 3)].reported_at - t) < 1 and seen[(b.hostname, 3)].last_progress == pytest.approx(t - 30)
     assert {r.rank for r in b.remote_ranks([job], t)} == {0, 1}
     view = a.fleet_jobs(job, t)[job]

@@ -33,14 +33,20 @@ def decide(env: Env, jv: JobView) -> IncidentKind | None:
     # a peer to wait for: several ranks, a world size above one, or a rank positively in a collective
     if not (jv.job.distributed or waiting):
         return None
+    # a job that spans nodes: its ranks on the other nodes, as their nodes judge them
+    fresh = jv.remote_fresh
+    away_waiting = [r for r in fresh if r.waits]
+    away_other = [r for r in fresh if not r.waits]
     others = set(live) - waiting
-    if waiting and others and others <= jv.serving:
-        return None  # the ranks wait for one that waits for requests: an idle server
+    if (waiting or away_waiting) and (others or away_other) and others <= jv.serving \
+            and all(r.local == Local.SERVING for r in away_other):
+        return None  # the ranks wait for ones that wait for requests (here or on other nodes): an idle server
     if spinning and jv.quiet >= th.hang_gpu_s:
         return IncidentKind.NCCL_STALL
     if stopped and jv.quiet >= th.hang_gpu_s and (waiting or jv.job.distributed):
         return IncidentKind.HOST_STALL
-    if waiting and jv.quiet >= th.hang_host_s:
+    # waiting ranks on another node count: the node of the rank they wait for judges the hang too
+    if (waiting or away_waiting) and jv.quiet >= th.hang_host_s:
         return IncidentKind.HOST_STALL
     if io_stuck and jv.quiet >= th.hang_io_s:
         return IncidentKind.IO_STALL
@@ -95,7 +101,7 @@ def _culprit(env: Env, jv: JobView) -> Culprit | None:
     if jv.stopped:
         return Culprit(jv.by_rank(jv.stopped), 3, "stopped")
     waiting = jv.waiting | {p for p in tr.waiters if p in jv.live}
-    if waiting:
+    if waiting or any(r.waits for r in jv.remote_fresh):
         others = [p for p in jv.live if p not in waiting]
         if job.spans_nodes:
             # a rank whose last stack was in a collective is between two captures, not elsewhere: with
