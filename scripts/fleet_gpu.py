@@ -160,6 +160,10 @@ def nccl_stall(run: Run, nodes: dict[str, NodeNs], urls: dict[str, str], db: str
                       listed.get("total") == 1 and detail.get("culprit_ranks") == [1] and culprits == [(1, "node-b")],
                       {"id": detail.get("id"), "kind": detail.get("kind"), "summary": detail.get("summary"),
                        "culprits": culprits, "next_step": detail.get("next_step")})
+        states = {n: [(p["rank"], p["state"]) for p in get(url, "/processes") if p.get("job") == key]
+                  for n, url in urls.items()}
+        run.check("nccl_stall", "each node says its rank is hung (the culprit's node too)",
+                  all(st and all(x == "hung" for _, x in st) for st in states.values()), states)
         view = get(urls["node-a"], f"/jobs/{key}")
         run.check("nccl_stall", "the job view names the open incident and where each rank runs",
                   view.get("open_incidents") == [row["id"]] and view.get("rank_nodes") == {"0": "node-a", "1": "node-b"},
