@@ -383,8 +383,8 @@ class Analyzer:
         else:
             tr.findings[wider] = f
         self._finding({"t": round(t, 3), "job": job_id, **f.to_dict()})
-        if f.kind in mismatch.KINDS and wider is None:
-            mismatch.step(self.env, job_id, self.job_defs.get(job_id), tr, f, t)
+        if f.kind in mismatch.KINDS:
+            mismatch.step(self.env, job_id, self.job_defs.get(job_id), tr, f, t, wider=wider is not None)
         inc = self.book.get(job_id, hang.FAMILY)
         if inc is not None:
             inc.findings = [x.to_dict() for x in tr.findings]

@@ -333,3 +333,27 @@ def test_the_node_of_the_culprit_says_the_job_is_hung_and_names_its_rank():
     assert inc.kind == "host_stall" and inc.culprit_ranks == [3], inc.summary
     assert inc.summary.startswith("rank 3 on node-b (pid 22) is not in the collective its peers wait in"), inc.summary
     assert node.state(22) == "hung"
+
+
+def test_a_mismatch_seen_first_between_two_ranks_here_is_judged_again_when_the_other_node_s_dumps_arrive():
+    """Ranks 0 and 1 here disagree on the size of all_reduce #12: with two ranks the odd one cannot
+    be told, so the higher is named. Node-b's ranks 2 and 3, arriving later, side with rank 1: the
+    incident then names rank 0, from one finding over all four ranks."""
+    from hangd.snapshot import FrDump, RemoteDump
+
+    node = _node_a()
+    node.name = "node-a"
+    node.remote = lambda t: [_b(r, True, "waiting_peer", "blocked in a collective", t - 1) for r in (2, 3)]
+    node.remote_dumps = lambda t: [RemoteDump(job=JOB, node="node-b", rank=r, read_at=1024.0, reported_at=t - 1,
+                                              dump=_dump(r, 12)) for r in (2, 3)] if t >= 1024 else []
+    node.run(20)
+    node.pending_fr = [FrDump(pid=11, rank=0, format="pickle", path="/fr/rank_0", dump=_dump(0, 12, size=2048)),
+                       FrDump(pid=12, rank=1, format="pickle", path="/fr/rank_1", dump=_dump(1, 12))]
+    node.run(2)
+    (mm,) = [i for i in node.an.incidents() if i.kind == "collective_mismatch"]
+    assert mm.culprit_ranks == [1], mm.summary
+    node.run(8)
+    (mm,) = [i for i in node.an.incidents() if i.kind == "collective_mismatch"]
+    assert mm.culprit_ranks == [0] and mm.culprit_pids == [11], mm.summary
+    assert mm.ranks == [0, 1, 2, 3] and "rank 3 on node-b: [[1024]]" in mm.summary, mm.summary
+    assert [x["ranks"] for x in mm.findings if x["kind"] == "size_mismatch"] == [[0, 1, 2, 3]], mm.findings

@@ -15,13 +15,16 @@ FAMILY = "mismatch"
 KINDS = ("op_mismatch", "size_mismatch", "dtype_mismatch")
 
 
-def step(env: Env, job_id: str, job: Job | None, tr: JobTrack, f: Any, t: float) -> None:
+def step(env: Env, job_id: str, job: Job | None, tr: JobTrack, f: Any, t: float, wider: bool = False) -> None:
+    """Open the job's mismatch incident on a finding, or judge it again on a ``wider`` one (the same
+    collective compared over more ranks, once another node's dumps arrived)."""
     inc = env.book.get(job_id, FAMILY)
     rank_pid = {**tr.fr_pids, **(job.rank_pid() if job else {})}
-    if inc is None:
-        inc = env.book.open_incident(IncidentKind.COLLECTIVE_MISMATCH, job_id, t)
+    if inc is None or wider:
+        if inc is None:
+            inc = env.book.open_incident(IncidentKind.COLLECTIVE_MISMATCH, job_id, t)
         inc.ranks = sorted(f.ranks)
-        inc.pids = [rank_pid[r] for r in inc.ranks if r in rank_pid]
+        inc.pids = [rank_pid[r] for r in inc.ranks if r in rank_pid and r not in f.nodes]
         inc.summary = (f"{f.message}. The ranks disagree on one collective: NCCL completes it with silently wrong "
                        "results, gloo fails the job.")
         # the odd one out: the rank whose size/op differs from the majority (else the higher rank)
@@ -34,6 +37,9 @@ def step(env: Env, job_id: str, job: Job | None, tr: JobTrack, f: Any, t: float)
         inc.culprit_pids = [rank_pid[r] for r in inc.culprit_ranks if r in rank_pid and r not in f.nodes]
         if f.nodes:  # a job that spans nodes: where its ranks on other nodes are (a pid means nothing elsewhere)
             inc.evidence["rank_nodes"] = {str(r): n for r, n in sorted(f.nodes.items())}
+    same = (f.kind, f.pg, f.seq)
+    if wider:  # the narrower finding of the same collective gives way
+        inc.findings = [x for x in inc.findings if (x.get("kind"), x.get("pg"), x.get("seq")) != same]
     inc.findings.append(f.to_dict())
     inc.evidence["flight_recorder"] = inc.findings
     env.book.touch(inc, t, f.message)
