@@ -139,6 +139,8 @@ def _listify(v: Any) -> Any:
         return [_listify(x) for x in v]
     if isinstance(v, int | float) and not isinstance(v, bool):
         _int(v)
+    if v is not None and not isinstance(v, str | int | float):
+        return None  # bytes, a set, a dict: no shape holds one, and a JSON column refuses bytes and sets
     return v
 
 

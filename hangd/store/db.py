@@ -643,6 +643,14 @@ class Store:
                 self._forget_rows()  # rolled back: what it remembered writing is not there
                 self._failed(e)
                 return
+            except Exception as e:  # noqa: BLE001 - a batch no database takes (a bug, hostile data)
+                # retried it would fail for ever and end the writer thread: dropped and counted instead
+                self._forget_rows()
+                log.exception("store: a batch could not be written and is dropped: %s", e)
+                self.write_failures_total += 1
+                self.dropped += 1
+                self._forget(self.pending.popleft())
+                continue
             self._forget(self.pending.popleft())
             if not self.healthy:
                 log.warning("store writes work again; catching up (%d batches queued)", len(self.pending))

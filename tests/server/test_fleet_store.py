@@ -384,3 +384,33 @@ def _outcome(fn, *args) -> str:
         return "ok"
     except Exception as e:  # noqa: BLE001 - the test reports every failure as one line
         return f"{type(e).__name__}: {str(e)[:160]}"
+
+
+def _raw_dump(sizes) -> bytes:
+    import pickle
+
+    return pickle.dumps({"version": "2.10", "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}},
+                         "pg_status": {"0": {"last_enqueued_collective": 3}},
+                         "entries": [{"process_group": ["0", "default_pg"], "pg_id": 0, "collective_seq_id": 3,
+                                      "profiling_name": "nccl:all_reduce", "state": "scheduled",
+                                      "input_sizes": sizes, "input_dtypes": ["Float"], "output_sizes": sizes}]})
+
+
+@pytest.mark.parametrize("sizes", [[b"\x01\x02"], [{1, 2}], [{"a": 1}]], ids=["bytes", "set", "dict"])
+def test_a_dump_with_sizes_no_shape_holds_leaves_the_writer_running(fleet, sizes):
+    """Bytes or a set where a shape belongs (the safe unpickler allows both) once ended the writer
+    thread: nothing was written again and the store still said healthy. Such sizes are unknown."""
+    from hangd.flightrec.reader import decode
+
+    (a, b), job = fleet
+    t = time.time()
+    dump = decode(_raw_dump(sizes), rank=1)
+    assert dump.entries[0].input_sizes == [None]
+    a.start_writer()
+    a.submit(Batch(t=t, incidents=[_hang(9_000_003, job, t, "x")], fr={(job, 1): (t, dump)}, spanning={job}))
+    a.submit(Batch(t=t + 1, incidents=[_hang(9_000_004, job, t, "y")]))
+    t_end = time.time() + 10
+    while a.pending and time.time() < t_end:
+        time.sleep(0.1)
+    assert a._writer is not None and a._writer.is_alive() and not a.pending and a.healthy, a.last_error
+    assert sorted(x.summary for x in _hangs_in_db(a, job)) == ["x", "y"]  # both written, after the odd dump
