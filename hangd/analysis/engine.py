@@ -336,12 +336,14 @@ class Analyzer:
         that stopped reporting, is not compared (its rank would look behind the others): the node
         is said to be silent instead."""
         tr = self.job_tracks.setdefault(job_id, JobTrack())
-        if not tr.fr:
+        job = self.job_defs.get(job_id)
+        spans = job is not None and job.spans_nodes
+        # this node's dumps of an earlier hang are not compared with the other nodes' of this one
+        dumps = {r: d for r, (at, d) in tr.fr.items() if not spans or at >= t - self.th.node_stale_s}
+        if not dumps:
             return  # only the other nodes' dumps: their own nodes compare those
-        dumps = {r: d for r, (_, d) in tr.fr.items()}
         nodes: dict[int, str] = {}
         silent: dict[str, list[RemoteDump]] = {}
-        job = self.job_defs.get(job_id)
         for (node, rank), rd in sorted(self.remote_dumps.get(job_id, {}).items()) if job and job.spans_nodes else []:
             if rank in dumps and rank not in nodes:
                 continue  # this node's own dump of the rank

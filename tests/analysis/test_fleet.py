@@ -357,3 +357,136 @@ def test_a_mismatch_seen_first_between_two_ranks_here_is_judged_again_when_the_o
     assert mm.culprit_ranks == [0] and mm.culprit_pids == [11], mm.summary
     assert mm.ranks == [0, 1, 2, 3] and "rank 3 on node-b: [[1024]]" in mm.summary, mm.summary
     assert [x["ranks"] for x in mm.findings if x["kind"] == "size_mismatch"] == [[0, 1, 2, 3]], mm.findings
+
+
+# ------------------------------------------------------------------ idle servers and later hangs across nodes
+
+ACCEPT = [("socket.py", "accept"), ("server.py", "serve")]
+BCAST = [("torch/distributed/distributed_c10d.py", "broadcast"), ("worker.py", "loop")]
+
+
+def _node_a_with_coordinator() -> Node:
+    """Node A: rank 0 is the server's coordinator (waits for requests in accept), rank 1 a worker
+    spinning in the NCCL broadcast the coordinator will issue."""
+    node = Node([P(10, 1), P(11, 10, _env(0), gpu=0, wchan="inet_csk_accept"),
+                 P(12, 10, _env(1), gpu=1, look="spin", state="R", cpu_ticks_per_s=100)])
+    node.name = "node-a"
+    return node
+
+
+def _run(node):
+    node.run(5)
+    node.stack(11, ACCEPT)
+    node.stack(12, BCAST)
+    node.run(120)
+
+
+def test_an_idle_server_on_one_node_of_a_spanning_job_without_remote_ranks_is_not_a_hang():
+    node = _node_a_with_coordinator()
+    _run(node)
+    assert node.kinds() == []
+
+
+def test_an_idle_server_is_not_a_hang_when_another_node_cannot_tell_its_workers_wait():
+    """Node-b's two workers wait in the broadcast host-side (gloo) but node-b cannot take stacks
+    (py-spy missing): its hangd reports them quiet, not waiting. Node A alone is an idle server."""
+    node = _node_a_with_coordinator()
+    node.remote = lambda t: [RemoteRank(job=JOB, node="node-b", rank=r, pid=20 + r, state="idle", reason="asleep",
+                                        waits=False, last_progress=900.0, reported_at=t - 1, local="quiet")
+                             for r in (2, 3)]
+    _run(node)
+    assert node.kinds() == [], [(i.kind, i.summary) for i in node.an.incidents()]
+
+
+def test_an_idle_server_is_not_a_hang_beside_a_node_that_runs_an_older_hangd():
+    """Node-b runs an older hangd (no local column): its workers wait (waits=True), so nothing breaks;
+    but a worker there that is between captures (waits=False, local=None) does."""
+    node = _node_a_with_coordinator()
+    node.remote = lambda t: [RemoteRank(job=JOB, node="node-b", rank=2, pid=22, state="waiting_peer", reason="",
+                                        waits=True, last_progress=900.0, reported_at=t - 1, local=None),
+                             RemoteRank(job=JOB, node="node-b", rank=3, pid=23, state="idle", reason="",
+                                        waits=False, last_progress=900.0, reported_at=t - 1, local=None)]
+    _run(node)
+    assert node.kinds() == [], [(i.kind, i.summary) for i in node.an.incidents()]
+
+
+def test_a_second_hang_blames_the_rank_missing_now_not_the_one_missing_in_the_first():
+    from hangd.snapshot import FrDump, RemoteDump
+
+    node = _node_a()
+    node.name = "node-a"
+    state = {"ep": 1, "read_at": 1018.0, "b": [_dump(2, 12), _dump(3, 11)]}
+
+    def remote(t):
+        if state["ep"] == 1:
+            return [_b(2, True, "waiting_peer", "blocked", t - 1), _b(3, True, "waiting_peer", "blocked", t - 1)]
+        if state["ep"] == 0:  # the job runs again
+            return [_b(2, False, "busy", "working", t - 1, progress=t - 1), _b(3, False, "busy", "working", t - 1, progress=t - 1)]
+        return [_b(2, False, "hung", "asleep", t - 1), _b(3, True, "waiting_peer", "blocked", t - 1)]
+    node.remote = remote
+    node.remote_dumps = lambda t: [RemoteDump(job=JOB, node="node-b", rank=d.rank, read_at=state["read_at"],
+                                              reported_at=t - 1, dump=d) for d in state["b"]] if t >= state["read_at"] else []
+    node.run(20)
+    node.pending_fr = [FrDump(pid=11 + r, rank=r, format="pickle", path=f"/fr/rank_{r}", dump=_dump(r, 12)) for r in (0, 1)]
+    node.run(10)
+    (inc,) = node.an.incidents()
+    assert inc.culprit_ranks == [3]
+    # the job resumes
+    state["ep"] = 0
+    for pid in (11, 12):
+        node.procs[pid].look = "work"
+    node.run(30)
+    assert not inc.open, inc.timeline
+    # a second hang, in all_reduce #40: rank 2 on node-b is the one missing this time
+    state["ep"] = 2
+    for pid in (11, 12):
+        node.procs[pid].look = "spin"
+    node.run(25)
+    state["read_at"], state["b"] = node.t + 1, [_dump(2, 39), _dump(3, 40)]
+    node.run(5)
+    node.pending_fr = [FrDump(pid=11 + r, rank=r, format="pickle", path=f"/fr/rank_{r}", dump=_dump(r, 40)) for r in (0, 1)]
+    node.run(10)
+    new = [i for i in node.an.incidents() if i.open]
+    assert len(new) == 1 and new[0].culprit_ranks == [2], (new[0].culprit_ranks, new[0].summary)
+
+
+def test_this_node_s_dumps_of_an_earlier_hang_are_not_compared_with_the_other_node_s_of_this_one():
+    """Hang 1 (all ranks stuck in #12, no one missing) resolves. In hang 2, rank 2 on node-b never
+    enters #40; node-b reads its dumps a few seconds before node-a reads its own."""
+    from hangd.snapshot import FrDump, RemoteDump
+
+    def stuck(rank, last):  # every rank entered #last; none completed it
+        return _dump(rank, last)
+
+    node = _node_a()
+    node.name = "node-a"
+    state = {"ep": 1, "read_at": 1018.0, "b": [stuck(2, 12), stuck(3, 12)]}
+
+    def remote(t):
+        if state["ep"] == 0:
+            return [_b(r, False, "busy", "working", t - 1, progress=t - 1) for r in (2, 3)]
+        if state["ep"] == 1:
+            return [_b(r, True, "waiting_peer", "blocked", t - 1) for r in (2, 3)]
+        return [_b(2, False, "hung", "asleep", t - 1), _b(3, True, "waiting_peer", "blocked", t - 1)]
+    node.remote = remote
+    node.remote_dumps = lambda t: [RemoteDump(job=JOB, node="node-b", rank=d.rank, read_at=state["read_at"],
+                                              reported_at=t - 1, dump=d) for d in state["b"]] if t >= state["read_at"] else []
+    node.run(20)
+    node.pending_fr = [FrDump(pid=11 + r, rank=r, format="pickle", path=f"/fr/rank_{r}", dump=stuck(r, 12)) for r in (0, 1)]
+    node.run(10)
+    (inc,) = node.an.incidents()
+    state["ep"] = 0
+    for pid in (11, 12):
+        node.procs[pid].look = "work"
+    node.run(30)
+    assert not inc.open
+    state["ep"] = 2
+    for pid in (11, 12):
+        node.procs[pid].look = "spin"
+    node.run(25)
+    state["read_at"], state["b"] = node.t + 0.5, [_dump(2, 39), stuck(3, 40)]
+    node.run(3)
+    node.pending_fr = [FrDump(pid=11 + r, rank=r, format="pickle", path=f"/fr/rank_{r}", dump=stuck(r, 40)) for r in (0, 1)]
+    node.run(10)
+    (new,) = [i for i in node.an.incidents() if i.open]
+    assert new.culprit_ranks == [2], (new.culprit_ranks, new.culprit_pids, new.summary)

@@ -38,6 +38,8 @@ def decide(env: Env, jv: JobView) -> IncidentKind | None:
     away_waiting = [r for r in fresh if r.waits]
     away_other = [r for r in fresh if not r.waits]
     others = set(live) - waiting
+    if waiting and others and others <= jv.serving:
+        return None  # the ranks here wait for one here that waits for requests: an idle server, whatever elsewhere
     if (waiting or away_waiting) and (others or away_other) and others <= jv.serving \
             and all(r.local == Local.SERVING for r in away_other):
         return None  # the ranks wait for ones that wait for requests (here or on other nodes): an idle server
@@ -91,7 +93,7 @@ def _culprit(env: Env, jv: JobView) -> Culprit | None:
     rank_pid = job.rank_pid()
     missing = [f for f in tr.findings if f.kind == "missing_rank"]
     if missing:
-        f = missing[0]
+        f = missing[-1]  # the newest: one of an earlier hang of the job names who was missing then
         # a missing rank whose dump another node read is that node's rank, not this node's rank of that number
         pids = [rank_pid[r] for r in f.missing_ranks if r in rank_pid and r not in f.nodes]
         fresh = {(r.node, r.rank): r for r in jv.remote_fresh}
@@ -212,7 +214,8 @@ def fill(env: Env, jv: JobView, inc: object) -> None:
         if s is not None and s.threads_lost_at is not None and s.threads_lost_at >= (inc.hang_started_at or jv.t) - env.th.exception_lookback_s:
             parts.append(f"rank {job.ranks[p]} lost a thread at {report.clock(s.threads_lost_at)} "
                          f"({s.threads_before} -> {s.threads_after} threads)")
-    missing = next((f for f in tr.findings if f.kind == "missing_rank"), None)
+    # the newest: one of an earlier hang of the job names who was missing then
+    missing = next((f for f in reversed(tr.findings) if f.kind == "missing_rank"), None)
     if missing is not None:
         parts.insert(0, "Flight recorder: " + missing.message)
     exc = report.exceptions(env.view, job, (inc.hang_started_at or jv.t) - env.th.exception_lookback_s)
