@@ -95,3 +95,38 @@ def test_catalog_is_data():
 
     th = ThreadStack(tid=1, name="MainThread", active=False, owns_gil=False, frames=[Frame("my_wait", "x.py", 1)])
     assert stackcat.classify_thread(th, rules).kind == "custom"
+
+
+def test_py_spy_is_taken_from_a_sys_path_folder_only_where_pip_installed_it(tmp_path, monkeypatch):
+    """`pip install --target DIR` leaves DIR/bin/py-spy and DIR/py_spy-*.dist-info. A bin/py-spy in
+    any other folder on sys.path (the working directory under `python -m`) is never run as root."""
+    import shutil
+    from pathlib import Path
+
+    import hangd.sources.stacks as stacks
+
+    real = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    planted, target = tmp_path / "cwd", tmp_path / "site"
+    for d in (planted, target):
+        (d / "bin").mkdir(parents=True)
+        (d / "bin" / "py-spy").symlink_to(real)
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "nowhere" / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setattr(sys, "path", [str(planted), "", str(target)])
+    assert stacks.find_pyspy() is None
+    (target / "py_spy-0.4.3.dist-info").mkdir()
+    assert stacks.find_pyspy() == str(target / "bin" / "py-spy")
+
+
+def test_captures_refused_by_ptrace_keep_the_stacks_source_failing_until_one_works():
+    from hangd.snapshot import Snapshot
+    from hangd.sources.stacks import PTRACE_HINT
+
+    src = StackSource()
+    src.collect(Snapshot(t=0.0))  # py-spy is there: nothing to say
+    src.last_error = f"Permission denied (os error 13); {PTRACE_HINT}"
+    with pytest.raises(Unavailable) as e:
+        src.collect(Snapshot(t=1.0))
+    assert "the last stack capture failed" in str(e.value) and "CAP_SYS_PTRACE" in str(e.value)
+    src.last_error = None
+    src.collect(Snapshot(t=2.0))

@@ -15,7 +15,7 @@ from hangd.sources.flight import FlightSource
 from hangd.sources.nvml import NvmlSource
 from hangd.sources.output import OutputSource
 from hangd.sources.procfs import ProcSource
-from hangd.sources.stacks import StackSource
+from hangd.sources.stacks import PTRACE_HINT, StackSource
 
 log = logging.getLogger("hangd.live")
 
@@ -87,6 +87,9 @@ class LiveNode:
         if snap.stacks:
             st.duration_s = max((s.seconds or 0.0) for s in snap.stacks)
             st.success = all(s.error is None for s in snap.stacks)
+            if self.stacks is not None:  # said on every tick until the next captures (the source's collect)
+                # refused (ptrace): the node cannot take stacks; a process that exited meanwhile is no failure
+                self.stacks.last_error = next((s.error for s in snap.stacks if s.error and PTRACE_HINT in s.error), None)
         if not self._pending or self.stacks is None:
             self._pending = []
             return

@@ -7,6 +7,7 @@ frames only for processes already judged stuck.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -96,8 +97,9 @@ def parse_stack(raw: str, fmt: str) -> list[ThreadStack]:
 
 
 def find_pyspy() -> str | None:
-    """py-spy beside this Python (a virtualenv), on PATH, or in the ``bin`` beside a folder on
-    sys.path (``pip install --target DIR`` puts the package in DIR and the program in DIR/bin)."""
+    """py-spy beside this Python (a virtualenv), on PATH, or where pip installed it into a folder on
+    sys.path (``pip install --target DIR`` puts its record in DIR and the program in DIR/bin). Only
+    a folder holding pip's record of py-spy is trusted: never a ``bin`` of the working directory."""
     beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
     if os.access(beside, os.X_OK):
         return beside
@@ -105,9 +107,10 @@ def find_pyspy() -> str | None:
     if found:
         return found
     for d in sys.path:
-        cand = os.path.join(d or ".", "bin", "py-spy")
-        if os.access(cand, os.X_OK):
-            return cand
+        if d and os.path.isabs(d) and glob.glob(os.path.join(glob.escape(d), "py_spy-*.dist-info")):
+            cand = os.path.join(d, "bin", "py-spy")
+            if os.access(cand, os.X_OK):
+                return cand
     return None
 
 
@@ -116,13 +119,18 @@ class StackSource:
 
     name = "stacks"
 
+    SEARCH_EVERY_S = 10.0  # looking again for a missing py-spy stats PATH: not on every tick (NFS)
+
     def __init__(self, timeout_s: float = 5.0, pyspy: str | None = None) -> None:
         self.timeout_s = timeout_s
         self.pyspy = pyspy or find_pyspy()
+        self._searched = time.monotonic()
+        self.last_error: str | None = None  # of the newest captures, set by the node that takes them
 
     def check(self) -> None:
-        if not self.pyspy:
+        if not self.pyspy and time.monotonic() - self._searched >= self.SEARCH_EVERY_S:
             self.pyspy = find_pyspy()  # installed since: found without a restart
+            self._searched = time.monotonic()
         if not self.pyspy:
             raise Unavailable("py-spy not found: without stacks a rank blocked in a collective cannot be told "
                               "from an idle one, and host-side hangs go unseen",
@@ -130,8 +138,11 @@ class StackSource:
 
     def collect(self, snap: Snapshot) -> None:
         """Every tick: say when stacks cannot be taken, as the other sources say they cannot read
-        (/readyz, ``hangd status``, hangd_collector_success). Dumps are taken on request only."""
+        (/readyz, ``hangd status``, hangd_collector_success), and that the newest captures failed
+        (ptrace refused) until captures work again. Dumps are taken on request only."""
         self.check()
+        if self.last_error is not None:
+            raise Unavailable(f"the last stack capture failed: {self.last_error}")
 
     def dump(self, pid: int, native: bool = False) -> StackSample:
         """One dump. ``native`` pauses the target while it walks native frames: only for

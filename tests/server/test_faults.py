@@ -201,9 +201,10 @@ def test_a_node_without_py_spy_says_hangs_on_the_host_go_unseen_and_heals_once_i
         detail = s.wait_for(lambda s: (d := s.get("/readyz").json()["detail"]) != "no tick yet" and d, 60, "a tick")
         assert "source stacks unavailable: py-spy not found" in detail and "host-side hangs go unseen" in detail, detail
         assert 'hangd_collector_success{collector="stacks"} 0.0' in s.get("/metrics").text
-        (later / "bin").mkdir()
+        (later / "bin").mkdir()  # as `pip install --target later py-spy` leaves it
+        (later / "py_spy-0.4.3.dist-info").mkdir()
         (later / "bin" / "py-spy").symlink_to(venv_py.parent / "py-spy")
-        s.wait_for(lambda s: "stacks" not in s.get("/readyz").json()["detail"], 20, "py-spy found")
+        s.wait_for(lambda s: "stacks" not in s.get("/readyz").json()["detail"], 40, "py-spy found")
         assert 'hangd_collector_success{collector="stacks"} 1.0' in s.get("/metrics").text
         assert "source stacks reads again" in log.read_text()
     finally:
