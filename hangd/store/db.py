@@ -66,11 +66,11 @@ MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 MAX_PENDING = 20_000
 FILE_CHECK_EVERY_S = 2.0
 LOCK_CHECK_EVERY_S = 10.0
-TOUCH_EVERY_S = 10.0  # how stale the last_seen of an unchanged process, job, GPU or node row may get
+TOUCH_EVERY_S = 10.0  # how stale the last_seen of an unchanged process, job or GPU row may get
 # pg_try_advisory_lock keys: "hgd" as an integer, then the node name's CRC: one hangd per node name
 PG_LOCK_KEY = int.from_bytes(b"hgd", "big")
 ID_STRIDE = 1024  # incident ids of a shared database: node_id % ID_STRIDE, then every ID_STRIDE
-HEARTBEAT_S = 2.0  # a shared database: how often a node's last_seen (and its ranks' rows) move
+HEARTBEAT_S = 2.0  # a shared database: how often a node's last_seen moves (its one row)
 NODE_STALE_S = 15.0  # a shared database: a node whose last_seen is older has stopped reporting
 NODE_FORGET_S = 3600.0  # a node silent longer than this is not listed with a job any more
 LIST_FIELDS = ("evidence", "findings", "timeline")
@@ -115,6 +115,9 @@ def _padded(keys: list[Any]) -> list[list[Any]]:
     if parts:
         parts[-1] += parts[-1][-1:] * (PIDS_PER_QUERY - len(parts[-1]))
     return parts
+
+
+_GONE = object()  # what the store remembers of a row marked gone: equal to no values
 
 
 def _keep_only(rows: dict[Any, Any], listed: set[Any]) -> None:
@@ -344,7 +347,9 @@ class Store:
         ``register``: False for a reader (``hangd status --job``) that is no node of the fleet."""
         self.url = url
         self.shared = url.startswith("postgresql")
-        self.touch_every_s = heartbeat_s if self.shared else TOUCH_EVERY_S
+        # a node's own row moves with the heartbeat; the rows of its processes, jobs and GPUs only
+        # every TOUCH_EVERY_S (what went away is marked gone_at at once; see _current)
+        self.touch_every_s = TOUCH_EVERY_S
         self.heartbeat_s = heartbeat_s
         self.node_stale_s = node_stale_s
         # this node's incident id -> the id of the row it joined (another node opened it first)
@@ -393,6 +398,7 @@ class Store:
         self._job_rows: dict[str, tuple[Any, ...]] = {}
         self._gpu_rows: dict[int, tuple[Any, ...]] = {}
         self._touched_at = 0.0
+        self._beat_at = 0.0
         self._rows_stale = False
         # queued but not yet written: incident id -> (seq of its newest batch, its dict); acks likewise
         self._overlay_lock = threading.Lock()
@@ -678,6 +684,7 @@ class Store:
                 {"node_id": self.node_id, "t": c["t"], "pid": c["pid"], "rank": c.get("rank"), "job": c.get("job"),
                  "state": c["state"], "reason": redact_text(c["reason"])} for c in b.changes])
         touch = b.t - self._touched_at >= self.touch_every_s or b.t < self._touched_at
+        beat = touch or self.shared and (b.t - self._beat_at >= self.heartbeat_s or b.t < self._beat_at)
         procs, jobs = b.processes, b.jobs  # read once: a newer batch queued meanwhile may take them
         if procs is not None:
             self._write_processes(s, procs, b.t, touch)
@@ -691,6 +698,8 @@ class Store:
             self._write_fr(s, fr)
         if touch:
             self._touched_at = b.t
+        if beat:
+            self._beat_at = b.t
             s.execute(update(NODES).where(NODES.c.id == self.node_id).values(last_seen=b.t))
 
     def _write_incidents(self, s: Session, b: Batch) -> None:
@@ -778,6 +787,7 @@ class Store:
         self._job_rows.clear()
         self._gpu_rows.clear()
         self._touched_at = 0.0
+        self._beat_at = 0.0
 
     def _updated_all(self, s: Session, stmt: Any, rows: list[dict[str, Any]]) -> bool:
         """Run an executemany UPDATE; False when it matched fewer rows than given (a row the
@@ -805,10 +815,11 @@ class Store:
         for part in _padded(unknown):
             for r in s.execute(select(tbl.c.pid, tbl.c.first_seen, tbl.c.job, tbl.c.rank, tbl.c.state, tbl.c.since,
                                       tbl.c.reason, tbl.c.world_size, tbl.c.last_progress, tbl.c.waits, tbl.c.reading,
-                                      tbl.c.local)
+                                      tbl.c.local, tbl.c.gone_at)
                                .where(tbl.c.node_id == self.node_id, tbl.c.pid.in_(part)).order_by(tbl.c.first_seen)):
+                # a row marked gone that is listed again is written again (its gone_at cleared)
                 rows[r.pid] = (r.first_seen, (r.job, r.rank, r.state, r.since, r.reason, r.world_size, r.last_progress,
-                                              r.waits, r.reading, r.local))
+                                              r.waits, r.reading, r.local) if r.gone_at is None else (r.job, _GONE))
         new, changed, same = [], [], []
         for p in procs:
             pid, job = p["pid"], p.get("job")
@@ -830,22 +841,27 @@ class Store:
             row = {"job": job, "rank": vals[1], "state": vals[2], "since": vals[3],
                    "reason": redact_text(vals[4]) if vals[4] else vals[4], "world_size": vals[5],
                    "last_progress": vals[6], "waits": vals[7],
-                   "reading": redact_text(vals[8]) if vals[8] else vals[8], "local": vals[9], "last_seen": t}
+                   "reading": redact_text(vals[8]) if vals[8] else vals[8], "local": vals[9], "last_seen": t,
+                   "gone_at": None}
             if cur is None or cur[1][0] != job:  # a pid seen again in another job is another process
                 new.append(dict(row, node_id=self.node_id, pid=pid, first_seen=t))
                 rows[pid] = (t, vals)
             else:
                 changed.append(dict(row, b_pid=pid, b_first=cur[0]))
                 rows[pid] = (cur[0], vals)
-        _keep_only(rows, {p["pid"] for p in procs})
+        listed = {p["pid"] for p in procs}
+        gone = [{"b_pid": pid, "b_first": cur[0]} for pid, cur in rows.items() if pid not in listed]
+        _keep_only(rows, listed)
         where = (tbl.c.node_id == self.node_id, tbl.c.pid == bindparam("b_pid"), tbl.c.first_seen == bindparam("b_first"))
         if new:
             s.execute(insert(tbl), new)
         ok = True
+        if gone:  # no longer listed: the other nodes stop counting it now, not when its last_seen is old
+            s.execute(update(tbl).where(*where).values(gone_at=t, last_seen=t), gone)
         if changed:
             ok = self._updated_all(s, update(tbl).where(*where).values(
                 {k: bindparam(k) for k in ("job", "rank", "state", "since", "reason", "world_size", "last_progress",
-                                           "waits", "reading", "local", "last_seen")}), changed)
+                                           "waits", "reading", "local", "last_seen", "gone_at")}), changed)
         if touch and same:
             ok = self._updated_all(s, update(tbl).where(*where).values(last_seen=t), same) and ok
         if not ok and retry:  # a row went from under the store (retention): read them all again
@@ -858,8 +874,10 @@ class Store:
         unknown = [j["job"] for j in jobs if j["job"] not in rows]
         for part in _padded(unknown):
             for r in s.execute(select(tbl.c.key, tbl.c.name, tbl.c.state, tbl.c.ranks, tbl.c.world_size, tbl.c.identity,
-                                      tbl.c.spans_nodes).where(tbl.c.node_id == self.node_id, tbl.c.key.in_(part))):
-                rows[r.key] = (r.name, r.state, r.ranks, r.world_size, r.identity, r.spans_nodes)
+                                      tbl.c.spans_nodes, tbl.c.gone_at)
+                               .where(tbl.c.node_id == self.node_id, tbl.c.key.in_(part))):
+                rows[r.key] = (r.name, r.state, r.ranks, r.world_size, r.identity, r.spans_nodes) \
+                    if r.gone_at is None else (_GONE,)
         new, changed, same = [], [], []
         for j in jobs:
             key = j["job"]
@@ -870,21 +888,25 @@ class Store:
                 same.append({"b_key": key})
                 continue
             row = {"name": vals[0], "state": vals[1], "ranks": vals[2], "world_size": vals[3], "identity": vals[4],
-                   "spans_nodes": vals[5], "last_seen": t}
+                   "spans_nodes": vals[5], "last_seen": t, "gone_at": None}
             if cur is ...:
                 new.append(dict(row, node_id=self.node_id, key=key, first_seen=t))
             else:
                 changed.append(dict(row, b_key=key))
             rows[key] = vals
-        _keep_only(rows, {j["job"] for j in jobs})
+        listed = {j["job"] for j in jobs}
+        gone = [{"b_key": key} for key in rows if key not in listed]
+        _keep_only(rows, listed)
         where = (tbl.c.node_id == self.node_id, tbl.c.key == bindparam("b_key"))
         if new:
             s.execute(insert(tbl), new)
         ok = True
+        if gone:
+            s.execute(update(tbl).where(*where).values(gone_at=t, last_seen=t), gone)
         if changed:
             ok = self._updated_all(s, update(tbl).where(*where).values(
                 {k: bindparam(k) for k in ("name", "state", "ranks", "world_size", "identity", "spans_nodes",
-                                           "last_seen")}), changed)
+                                           "last_seen", "gone_at")}), changed)
         if touch and same:
             ok = self._updated_all(s, update(tbl).where(*where).values(last_seen=t), same) and ok
         if not ok and retry:
@@ -1108,9 +1130,11 @@ class Store:
     # ------------------------------------------------------------------ the fleet (a shared database)
 
     def _current(self, tbl: Table, now: float) -> list[Any]:
-        """Rows a node still lists: moved with its last heartbeat (a row of a process or job that
-        node no longer lists stops moving), of a node heard from within NODE_FORGET_S."""
-        return [tbl.c.last_seen >= NODES.c.last_seen - 2 * self.heartbeat_s - 1, NODES.c.last_seen >= now - NODE_FORGET_S]
+        """Rows a node still lists, of a node heard from within NODE_FORGET_S: not marked gone (a
+        node marks what it stops listing), and moved within a touch of the node's own heartbeat
+        (what went away while its hangd was down, or in a write that failed, stops moving)."""
+        return [tbl.c.gone_at.is_(None), tbl.c.last_seen >= NODES.c.last_seen - TOUCH_EVERY_S - 2 * self.heartbeat_s - 1,
+                NODES.c.last_seen >= now - NODE_FORGET_S]
 
     def remote_ranks(self, jobs: list[str], now: float | None = None) -> list[RemoteRank]:
         """The ranks other nodes report for these jobs: what the analysis of a job that spans

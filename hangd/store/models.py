@@ -57,11 +57,13 @@ class Job(Base):
     world_size: Mapped[int | None] = mapped_column(Integer)
     identity: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # what the key was made of
     spans_nodes: Mapped[str | None] = mapped_column(String(255))  # why it has ranks on other nodes
+    gone_at: Mapped[float | None] = mapped_column(Float)  # when its node stopped listing it
 
 
 class Process(Base):
     __tablename__ = "processes"
-    __table_args__ = (UniqueConstraint("node_id", "pid", "first_seen"), Index("ix_processes_job_last_seen", "job", "last_seen"))
+    # no index holds last_seen or a state column: their updates stay heap-only (HOT) in PostgreSQL
+    __table_args__ = (UniqueConstraint("node_id", "pid", "first_seen"), Index("ix_processes_job", "job"))
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id"))
     pid: Mapped[int] = mapped_column(Integer)
@@ -77,6 +79,7 @@ class Process(Base):
     waits: Mapped[bool | None] = mapped_column(Boolean)  # blocked in a collective, waiting for a peer
     reading: Mapped[str | None] = mapped_column(Text)  # what the rank does on its own, in words (its state's why)
     local: Mapped[str | None] = mapped_column(String(16))  # the same as a kind: "serving", "waiting", "quiet", ...
+    gone_at: Mapped[float | None] = mapped_column(Float)  # when its node stopped listing it
 
 
 class StateChange(Base):

@@ -197,6 +197,46 @@ def test_a_working_rank_s_progress_is_written_once_a_heartbeat(fleet):
     assert a.remote_ranks([job]) == []  # a node does not read its own ranks as another node's
 
 
+def test_the_heartbeat_moves_one_row_and_what_a_node_stops_listing_is_gone_at_once(fleet, postgres_url):
+    """A node's heartbeat is its own row: its unchanged ranks are not rewritten with it, and still
+    count as current for the other nodes. A rank or job it stops listing is gone for them at once;
+    listed again, it is back. Rows a crashed hangd never marked drop out once they stop moving."""
+    from sqlalchemy import event
+
+    (a, b), job = fleet
+    t = time.time()
+    ranks = {2: (701, "waiting_peer", True), 3: (702, "hung", False)}
+    seen: list[str] = []
+    event.listen(b.engine, "before_cursor_execute", lambda _c, _cur, stmt, *_: seen.append(" ".join(stmt.split()[:2])))
+    for i in range(13):  # 6 s of ticks every 0.5 s (the heartbeat), nothing changes
+        b.submit(Batch(t=t + i * 0.5, processes=_ranks(job, ranks, t), jobs=[_job(job, "hung", ranks)], spanning={job}))
+    assert seen.count("UPDATE nodes") == 13 and seen.count("UPDATE processes") == 0, seen
+    assert seen.count("UPDATE jobs") == 0, seen
+    assert {r.rank for r in a.remote_ranks([job], t + 6)} == {2, 3}
+    assert set(a.fleet_jobs(job, t + 6)[job]["fleet_ranks"]) == {"2", "3"}
+
+    less = {2: ranks[2]}
+    b.submit(Batch(t=t + 6.5, processes=_ranks(job, less, t), jobs=[_job(job, "hung", less)], spanning={job}))
+    assert {r.rank for r in a.remote_ranks([job], t + 6.5)} == {2}  # not after a window: now
+    b.submit(Batch(t=t + 7, processes=_ranks(job, ranks, t), jobs=[_job(job, "hung", ranks)], spanning={job}))
+    assert {r.rank for r in a.remote_ranks([job], t + 7)} == {2, 3}
+    b.submit(Batch(t=t + 7.5, processes=[], jobs=[], spanning=set()))  # the job ended on node b
+    assert a.remote_ranks([job], t + 7.5) == [] and job not in a.fleet_jobs(job, t + 7.5)
+
+    # node b's hangd dies listing rank 2 (nothing marked), comes back, and rank 2 is not there
+    b.submit(Batch(t=t + 8, processes=_ranks(job, less, t), jobs=[_job(job, "hung", less)], spanning={job}))
+    b.close()
+    again = Store(postgres_url, hostname=b.hostname, exclusive=True, heartbeat_s=0.5, node_stale_s=3)
+    try:
+        for i in range(30):  # 15 s of heartbeats listing nothing
+            again.submit(Batch(t=t + 9 + i * 0.5, processes=[], jobs=[], spanning=set()))
+            listed = {r.rank for r in a.remote_ranks([job], t + 9 + i * 0.5)}
+            # the row stops moving at t + 8: counted within a touch (10 s) and two heartbeats, then not
+            assert listed == ({2} if i * 0.5 + 1 <= 12 else set()), (i, listed)
+    finally:
+        again.close()
+
+
 def test_an_id_another_node_already_holds_never_overwrites_its_incident(fleet):
     """Past ID_STRIDE nodes two nodes' numbering meets: the second goes under a free id of its own."""
     (a, b), job = fleet
