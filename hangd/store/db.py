@@ -362,6 +362,7 @@ class Store:
         self._dump_cache: dict[int, tuple[float, Any]] = {}
         self._newest_fr: dict[tuple[str, int], Batch] = {}
         self.remote_read_failures = 0
+        self._remote_read: tuple[float, list[str]] = (0.0, [])  # when (monotonic) and of which jobs last read
         self._upgrade = upgrade_apart if migrate_apart else upgrade
         self.lock: _Lock | None = _Lock(url, hostname or socket.gethostname()) if exclusive else None
         self._migrated = not migrate
@@ -585,6 +586,12 @@ class Store:
             jobs = sorted(self._remote_jobs)
         if not jobs or not self.shared or not self.healthy:
             return
+        # what it reads moves once a heartbeat of the other nodes (their node row, their ranks'
+        # progress at that resolution): read as often, not on every write, unless the jobs changed
+        now = time.monotonic()
+        if jobs == self._remote_read[1] and 0 <= now - self._remote_read[0] < self.heartbeat_s:
+            return
+        self._remote_read = (now, jobs)
         try:
             ranks = self.remote_ranks(jobs, time.time())
             dumps = self.remote_dumps(jobs, time.time())

@@ -237,6 +237,30 @@ def test_the_heartbeat_moves_one_row_and_what_a_node_stops_listing_is_gone_at_on
         again.close()
 
 
+def test_the_other_nodes_ranks_are_read_once_a_heartbeat_or_when_the_jobs_change(fleet):
+    from sqlalchemy import event
+
+    (a, b), job = fleet
+    t = time.time()
+    ranks = {2: (701, "waiting_peer", True)}
+    b.submit(Batch(t=t, processes=_ranks(job, ranks, t), jobs=[_job(job, "hung", ranks)], spanning={job}))
+    reads: list[str] = []
+    event.listen(a.engine, "before_cursor_execute",
+                 lambda _c, _cur, stmt, *_: reads.append(stmt) if "FROM processes JOIN nodes" in stmt else None)
+    a.want_remote({job})
+    start = time.monotonic()
+    for _ in range(5):  # writes every tick within one heartbeat (0.5 s): one read
+        a.maintain()
+    assert len(reads) == 1 or time.monotonic() - start >= 0.5, reads
+    assert [r.rank for r in a.cached_remote()[1]] == [2]
+    a.want_remote({job, job + "/r1"})  # a job more: read at once
+    a.maintain()
+    assert len(reads) == 2 or time.monotonic() - start >= 0.5
+    time.sleep(0.55)
+    a.maintain()
+    assert len(reads) == 3
+
+
 def test_an_id_another_node_already_holds_never_overwrites_its_incident(fleet):
     """Past ID_STRIDE nodes two nodes' numbering meets: the second goes under a free id of its own."""
     (a, b), job = fleet
