@@ -588,8 +588,9 @@ class Store:
             return
         # what it reads moves once a heartbeat of the other nodes (their node row, their ranks'
         # progress at that resolution): read as often, not on every write, unless the jobs changed
+        # (three quarters of it: writes a heartbeat apart, give or take, each read)
         now = time.monotonic()
-        if jobs == self._remote_read[1] and 0 <= now - self._remote_read[0] < self.heartbeat_s:
+        if jobs == self._remote_read[1] and 0 <= now - self._remote_read[0] < 0.75 * self.heartbeat_s:
             return
         self._remote_read = (now, jobs)
         try:
