@@ -452,3 +452,41 @@ def test_server_hung_at_startup_blames_rank_0(obs: Observer, launch) -> None:
     assert hangs[0]["culprit_ranks"] == [0] and hangs[0]["culprit_pids"] == [ranks[0]], brief(hangs)
     _assert_one_job(obs, ranks)
     assert not [i for i in obs.incidents_of(srv.pids) if i["kind"] not in HANG_KINDS], brief(obs.incidents_of(srv.pids))
+
+
+def test_compiled_job_with_data_loader_workers(obs: Observer, launch, tmp_path: Path) -> None:
+    """Third-party shape: torch.compile (inductor, cold cache: tens of seconds of compiling with no
+    collective) and DataLoader workers (children of each rank that inherit its RANK). A healthy
+    run is quiet and its ranks are the two ranks, not their workers; the same job then deadlocks
+    after compiling: one hang, rank 1 to blame, no worker named."""
+    env = job_env(TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))  # cold: compiled as on a first run
+    job = launch("compiled", torchrun("compiled_job.py", "train", "--steps", "120"), env=env)
+    ranks = job.wait_ready(2, obs)
+    obs.watch(300, until=lambda: job.popen.poll() is not None)
+    healthy_incs = obs.incidents_of(job.pids)
+    workers = job.pids - set(ranks.values()) - {job.popen.pid}
+    seen = obs.procs_of(job.pids)
+    entries = job_keys(obs.jobs_of(set(ranks.values())))
+    compiled_at = re.search(r"\[rank0\] compiled", job.log())
+
+    dead = launch("compiled-deadlock", torchrun("compiled_job.py", "deadlock", "--steps", "40"), env=env)
+    dranks = dead.wait_ready(2, obs)
+    dead.wait_log(r"waiting for an event nobody sets", 300, obs)
+    stuck_at = time.time()
+    dworkers = dead.pids - set(dranks.values()) - {dead.popen.pid}
+    obs.watch(DETECT_S, until=_hang_of(obs, dead))
+    obs.watch(5)
+    hangs = obs.incidents_of(dead.pids, HANG_KINDS)
+    report("compiled", ranks=ranks, workers=sorted(workers), healthy_incidents=brief(healthy_incs), jobs=entries,
+           states=sorted({(p["pid"], p["rank"], p["state"]) for p in seen}), deadlock_ranks=dranks,
+           deadlock_workers=sorted(dworkers), deadlock_incidents=brief(obs.incidents_of(dead.pids)),
+           latency_s=[round(i["opened_at"] - stuck_at, 1) for i in hangs], hang_detail=explain(obs, hangs))
+
+    assert job.popen.returncode == 0 and compiled_at, job.log()[-3000:]
+    assert len(workers) >= 4, ("no DataLoader workers were seen", sorted(job.pids), ranks)
+    assert not healthy_incs, brief(healthy_incs)
+    assert entries and all(rk.items() <= {"0": ranks[0], "1": ranks[1]}.items() for _, rk in entries), entries
+    assert all(p["rank"] is None for p in obs.procs_of(workers)), [p for p in obs.procs_of(workers) if p["rank"] is not None]
+    assert len(hangs) == 1, brief(obs.incidents_of(dead.pids))
+    assert hangs[0]["culprit_ranks"] == [1] and hangs[0]["culprit_pids"] == [dranks[1]], brief(hangs)
+    assert not set(hangs[0]["pids"]) & dworkers, brief(hangs)
