@@ -2,8 +2,10 @@
 
 The GPU counterpart of tests/fleet/test_two_nodes.py. Each "node" is a PID namespace of its own
 (tests/fleet/nodes.py) holding a real ``hangd serve --node-name`` (default thresholds) and one
-``torchrun --nnodes 2 --nproc-per-node 1`` whose rank sees only that node's GPU (CUDA_VISIBLE_DEVICES);
-the two torchruns meet at one rendezvous, so NCCL runs between the two GPUs. Scenarios
+``torchrun --nnodes 2 --nproc-per-node 1`` whose rank sees only that node's GPU (CUDA_VISIBLE_DEVICES)
+and has a host of its own for NCCL (NCCL_HOSTID): the two torchruns meet at one rendezvous, and NCCL
+runs between the two nodes over its network transport, as between two machines. With
+FLEET_GPU_GPUS=0,0 both nodes use the one GPU of a host that has one. Scenarios
 (tests/workloads/gpu_job.py):
 
   healthy     train for HOLD_HEALTHY s: one job on both nodes (2 ranks, one per node), no incident
@@ -40,9 +42,17 @@ from tests.fleet.nodes import NodeNs, unshare_prefix  # noqa: E402
 WORKLOAD = ROOT / "tests" / "workloads" / "gpu_job.py"
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 HOLD_HEALTHY = float(os.environ.get("FLEET_GPU_HEALTHY_S", "40"))
-# the GPU of each node; "0,0" with GPU_JOB_BACKEND=gloo runs both nodes on a host with one GPU (a dry run:
-# NCCL refuses two ranks on one device)
+# the GPU of each node; "0,0" runs both nodes on a host with one GPU
 GPUS = os.environ.get("FLEET_GPU_GPUS", "0,1").split(",")
+
+
+def node_env(name: str, gpu: str) -> dict[str, str]:
+    """What every process of a node gets: its GPU, and a host of its own for NCCL. NCCL tells hosts
+    apart by a hash of the host name, or of NCCL_HOSTID when set: with one per node, NCCL runs
+    between the two nodes over its network (socket) transport, as between two machines, and does
+    not refuse two ranks on one GPU as "duplicate GPU". The nodes share the host's network
+    namespace: they meet on loopback."""
+    return {"CUDA_VISIBLE_DEVICES": gpu, "NCCL_HOSTID": name, "NCCL_SOCKET_IFNAME": "lo", "NCCL_IB_DISABLE": "1"}
 
 
 class Run:
@@ -116,7 +126,7 @@ def healthy(run: Run, nodes: dict[str, NodeNs], urls: dict[str, str], db: str) -
                       {"rank_nodes": (view or {}).get("rank_nodes"), "seconds": round(took, 1),
                        "world_size": (view or {}).get("world_size"), "identity": (view or {}).get("identity")})
         busy, _ = wait(lambda: truth_t(work, "busy"), 120)
-        run.check("healthy", "both ranks train (NCCL all_reduce between the two GPUs)", busy is not None, busy)
+        run.check("healthy", "both ranks train (all_reduce between the two nodes)", busy is not None, busy)
         time.sleep(HOLD_HEALTHY)
         rows = db_hangs(db, key)
         run.check("healthy", f"no hang incident after {HOLD_HEALTHY:.0f} s of training", rows == [], rows)
@@ -197,7 +207,7 @@ def main() -> int:
     os.chmod(tmp, 0o755)
     pg = realpg.start(os.environ.get("HANGD_PG_ROOT"))
     user = unshare_prefix()
-    nodes = {n: NodeNs(n, tmp, user, env={"CUDA_VISIBLE_DEVICES": GPUS[i]}) for i, n in enumerate(("node-a", "node-b"))}
+    nodes = {n: NodeNs(n, tmp, user, env=node_env(n, GPUS[i])) for i, n in enumerate(("node-a", "node-b"))}
     urls: dict[str, str] = {}
     hangds: dict[str, Any] = {}
     try:
@@ -222,6 +232,7 @@ def main() -> int:
     (out / "fleet-gpu.json").write_text(json.dumps({
         "what": "two hangd serve as two nodes (PID namespaces), one GPU each, their ranks' collectives between them, "
                 "one PostgreSQL", "gpus_of_nodes": GPUS, "backend": os.environ.get("GPU_JOB_BACKEND") or "nccl",
+        "node_env": {n: node.env for n, node in nodes.items()},
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(run.t0)), "seconds": round(time.time() - run.t0, 1),
         "passed": len(run.checks) - len(failed), "failed": len(failed), "checks": run.checks}, indent=1, default=str))
     print(f"{len(run.checks) - len(failed)} of {len(run.checks)} checks passed")

@@ -31,6 +31,30 @@ def test_a_process_sharing_a_spinning_gpu_is_not_the_one_spinning():
     assert an.incidents()[0].pids == [10]
 
 
+def test_a_rank_whose_gpu_spins_for_a_process_of_another_namespace_is_not_the_one_spinning():
+    """Two nodes of a job on one GPU (a PID namespace each): this hangd lists only its own rank
+    (pid 2), which waits on an event, while the rank outside, listed nowhere here, spins in the
+    collective (its samples come under its host pid, 469). The rank here must not read as
+    waiting in a collective: it is the one the other waits for. With the roles swapped, it is."""
+    def snap(t: float, util: list[dict]) -> Snapshot:
+        g = GpuSample(index=0, util_gpu=100, util_mem=0, mem_used=1962344448, power_mw=124_000, gpm=dict(SPIN),
+                      procs=[GpuProc(pid=2, used=660602880)], proc_util=util)
+        p = ProcSample(pid=2, ppid=1, state="S", utime=0, stime=0, threads=10, wchan="futex_do_wait", rss_bytes=1 << 30,
+                       io={"read_bytes": 0, "write_bytes": 0, "rchar": 0, "wchar": 0}, role="worker")
+        infos = [ProcInfo(pid=2, ppid=1, environ={"MASTER_ADDR": "h", "MASTER_PORT": "29500", "RANK": "1",
+                                                 "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1"})] if t == 0 else []
+        return Snapshot(t=t, gpus=[g], procs=[p], infos=infos)
+
+    for util, spins in (([{"pid": 469, "sm": 98, "mem": 0, "ts": 0}], False),
+                        ([{"pid": 2, "sm": 53, "mem": 0, "ts": 0}, {"pid": 569, "sm": 1, "mem": 0, "ts": 0}], True)):
+        an = Analyzer()
+        for i in range(80):  # 20 s at 4 Hz
+            an.step(snap(i / 4, util))
+        (p,) = an.processes()
+        assert ("spinning in a GPU collective" in p["reason"]) is spins, p["reason"]
+        assert (p.get("waits") is True) is spins, p
+
+
 def test_redaction_of_secret_keys_urls_and_flags():
     env = filter_environ({"HF_TOKEN": "x", "NCCL_IB_HCA": "mlx5", "TORCH_HUB_PASSWORD": "p",
                           "MASTER_ADDR": "https://u:pw@h:1", "PATH": "/bin"})

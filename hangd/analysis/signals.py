@@ -511,6 +511,18 @@ def _uses_gpu(pid: int, samples: list[GpuSample]) -> bool:
     return not seen
 
 
+def _shared(samples: list[GpuSample]) -> bool:
+    """Whether another process uses this GPU: NVML lists several on it, or its per-process
+    utilization gives SM time to a pid it never listed on it in the window. A hangd in a PID
+    namespace of its own (a container without hostPID, a node of the fleet checks) is listed only
+    its namespace's processes, with their pids in it, but is given every process's samples, those
+    of processes outside under their host pids (seen on an H200)."""
+    if len(samples[-1].procs) > 1:
+        return True
+    listed = {p.pid for g in samples for p in g.procs}
+    return any(u.get("pid") not in listed and (u.get("sm") or 0) > 0 for g in samples for u in g.proc_util or [])
+
+
 def _used_by(pid: int, samples: list[GpuSample]) -> list[int]:
     """GPU memory ``pid`` held in each sample that reports it."""
     out = []
@@ -558,9 +570,9 @@ def proc_signals(view: NodeView, pid: int, t: float, th: Thresholds) -> ProcSign
         sig.gpu = gpu_signals(gw, th)
         sig.gpu_work_at = max((tt for tt, g in gwt if _reading_works(g, th)), default=None)
         # GPU readings (and GPM) are per GPU. When several processes share one (a leftover job, MPS,
-        # a second job), the per-process SM utilization says whose the activity is: a process
-        # NVML sees no SM time for does not own the GPU's work or spin.
-        if gw and len(gw[-1].procs) > 1 and not _uses_gpu(pid, gw):
+        # a second job, a process of another container), the per-process SM utilization says whose
+        # the activity is: a process NVML sees no SM time for does not own the GPU's work or spin.
+        if gw and _shared(gw) and not _uses_gpu(pid, gw):
             sig.gpu = GpuSignals(util=0.0, has_gpm=sig.gpu.has_gpm, power_w=sig.gpu.power_w)
             sig.gpu_work_at = None
             sig.gpu_shared_idle = True

@@ -9,7 +9,7 @@ from hangd.analysis.detectors import Env, mismatch
 from hangd.analysis.engine import Analyzer
 from hangd.analysis.identity import Job
 from hangd.analysis.progress import ProgressBook
-from hangd.analysis.signals import NodeView, Thresholds, _uses_gpu, log_catalog
+from hangd.analysis.signals import NodeView, Thresholds, _shared, _uses_gpu, log_catalog
 from hangd.analysis.stackcat import default_catalog, load_catalog
 from hangd.analysis.views import JobTrack
 from hangd.flightrec.analyze import Finding
@@ -139,6 +139,23 @@ def test_on_a_shared_gpu_only_processes_with_sm_time_own_its_activity():
     assert _uses_gpu(2, shared) is True
     assert _uses_gpu(1, shared) is False
     assert _uses_gpu(1, [_gpu([{"pid": 2, "sm": 40}]), _gpu([{"pid": 1, "sm": None}])]) is False
+
+
+def test_a_gpu_is_shared_with_a_process_of_another_pid_namespace_when_only_its_samples_name_it():
+    """NVML as a hangd in its own PID namespace reads it (an H200, two probes): the GPU lists only
+    the namespace's process (pid 2 there), the utilization samples also the other processes on it,
+    under their host pids."""
+    def ns(util: list[dict], procs: tuple[int, ...] = (2,)) -> GpuSample:
+        return GpuSample(index=0, util_gpu=100, util_mem=0, mem_used=1962344448, mem_total=141 * GiB, power_mw=124_000,
+                         procs=[GpuProc(pid=p, used=660602880) for p in procs], proc_util=util)
+    outside_spins = [ns([{"pid": 469, "sm": 98, "mem": 0}])]
+    assert _shared(outside_spins) and _uses_gpu(2, outside_spins) is False  # the activity is not pid 2's
+    inside_spins = [ns([{"pid": 2, "sm": 53, "mem": 0}, {"pid": 569, "sm": 1, "mem": 0}])]
+    assert _shared(inside_spins) and _uses_gpu(2, inside_spins) is True
+    assert not _shared([ns([{"pid": 2, "sm": 90, "mem": 0}])])  # alone on it
+    assert not _shared([ns([{"pid": 469, "sm": 0, "mem": 0}])])  # the other one does nothing
+    # a process that was listed in the window and has exited is not a hidden one
+    assert not _shared([ns([], procs=(2, 3)), ns([{"pid": 3, "sm": 40, "mem": 0}])])
 
 
 def test_an_orphan_is_told_by_its_gone_launcher_and_new_parent():
