@@ -828,7 +828,7 @@ class Store:
                 # a row marked gone that is listed again is written again (its gone_at cleared)
                 rows[r.pid] = (r.first_seen, (r.job, r.rank, r.state, r.since, r.reason, r.world_size, r.last_progress,
                                               r.waits, r.reading, r.local) if r.gone_at is None else (r.job, _GONE))
-        new, changed, same = [], [], []
+        new, changed, same, replaced = [], [], [], []
         for p in procs:
             pid, job = p["pid"], p.get("job")
             # the ranks of a job that spans nodes carry what the other nodes diagnose with (their
@@ -853,12 +853,14 @@ class Store:
                    "gone_at": None}
             if cur is None or cur[1][0] != job:  # a pid seen again in another job is another process
                 new.append(dict(row, node_id=self.node_id, pid=pid, first_seen=t))
+                if cur is not None and cur[1][1] is not _GONE:  # the row of the one before is gone
+                    replaced.append({"b_pid": pid, "b_first": cur[0]})
                 rows[pid] = (t, vals)
             else:
                 changed.append(dict(row, b_pid=pid, b_first=cur[0]))
                 rows[pid] = (cur[0], vals)
         listed = {p["pid"] for p in procs}
-        gone = [{"b_pid": pid, "b_first": cur[0]} for pid, cur in rows.items() if pid not in listed]
+        gone = replaced + [{"b_pid": pid, "b_first": cur[0]} for pid, cur in rows.items() if pid not in listed]
         _keep_only(rows, listed)
         where = (tbl.c.node_id == self.node_id, tbl.c.pid == bindparam("b_pid"), tbl.c.first_seen == bindparam("b_first"))
         if new:

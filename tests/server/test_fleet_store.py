@@ -237,6 +237,17 @@ def test_the_heartbeat_moves_one_row_and_what_a_node_stops_listing_is_gone_at_on
         again.close()
 
 
+def test_a_pid_listed_under_another_job_leaves_the_job_it_was_in_at_once(fleet):
+    (a, b), job = fleet
+    t = time.time()
+    ranks = {2: (701, "busy", False)}
+    b.submit(Batch(t=t, processes=_ranks(job, ranks, t), jobs=[_job(job, "busy", ranks)], spanning={job}))
+    assert [r.rank for r in a.remote_ranks([job], t)] == [2]
+    other = job + "/r1"  # the same pid, now a rank of the job's restart
+    b.submit(Batch(t=t + 1, processes=_ranks(other, ranks, t), jobs=[_job(other, "busy", ranks)], spanning={other}))
+    assert a.remote_ranks([job], t + 1) == [] and [r.rank for r in a.remote_ranks([other], t + 1)] == [2]
+
+
 def test_the_other_nodes_ranks_are_read_once_a_heartbeat_or_when_the_jobs_change(fleet):
     from sqlalchemy import event
 
