@@ -95,7 +95,7 @@ GPU = {"index": 0, "uuid": "GPU-0", "name": "NVIDIA H200", "mem_total": 15075482
 
 
 def _rows_written_only_when_they_change(url: str, hostname: str) -> None:
-    # a fleet node (PostgreSQL) moves its rows with its heartbeat: at 10 s it writes as a lone node does
+    # a fleet node (PostgreSQL) moves its own row with its heartbeat: at 10 s it writes as a lone node does
     st = Store(url, hostname=hostname, heartbeat_s=TOUCH_EVERY_S)
     t = 1_000_000.0
     jobs = [{"job": "j", "name": "train", "state": "busy", "ranks": {"0": 100, "1": 101}}]
@@ -120,12 +120,13 @@ def _rows_written_only_when_they_change(url: str, hostname: str) -> None:
     seen.clear()
     st.submit(Batch(t=t + 11, processes=_procs({100: "busy", 101: "hung"}) + _procs({102: "idle"}, job="k"),
                     jobs=jobs, gpus=[GPU]))
-    # a new row, the moved rows of processes, jobs, GPUs and the node's: one statement each
-    assert sorted(seen) == ["INSERT", "UPDATE", "UPDATE", "UPDATE", "UPDATE"], seen
+    # a new row, the row it replaces marked gone, the moved rows of processes, jobs, GPUs and the
+    # node's: one statement each
+    assert sorted(seen) == ["INSERT", "UPDATE", "UPDATE", "UPDATE", "UPDATE", "UPDATE"], seen
     procs = _rows(st, "processes", "pid, first_seen")
-    assert [(p["pid"], p["job"], p["state"], p["first_seen"], p["last_seen"]) for p in procs] == [
-        (100, "j", "busy", t, t + 11), (101, "j", "hung", t, t + 11), (102, "j", "busy", t, t),
-        (102, "k", "idle", t + 11, t + 11)]
+    assert [(p["pid"], p["job"], p["state"], p["first_seen"], p["last_seen"], p["gone_at"]) for p in procs] == [
+        (100, "j", "busy", t, t + 11, None), (101, "j", "hung", t, t + 11, None), (102, "j", "busy", t, t + 11, t + 11),
+        (102, "k", "idle", t + 11, t + 11, None)]
     assert [g["last_seen"] for g in _rows(st, "gpus", "id")] == [t + 11]
     st.close()
 
