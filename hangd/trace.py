@@ -230,7 +230,15 @@ def _is_shape(v: Any, depth: int = 0) -> bool:
     """A tensor shape as the flight-recorder reader normalizes it: nested lists of numbers a
     64-bit counter holds (or names), so that it can be printed and compared."""
     if type(v) is list:
-        return depth < 16 and all(_is_shape(x, depth + 1) for x in v)
+        if depth >= 16:
+            return False
+        for x in v:  # a loop, not all(): a dump has thousands of shapes, mostly of ints
+            if type(x) is int:
+                if not -MAX_INT <= x <= MAX_INT:
+                    return False
+            elif not _is_shape(x, depth + 1):
+                return False
+        return True
     return v is None or type(v) in (str, bool) or _is_int(v) or (type(v) is float and math.isfinite(v))
 
 
@@ -249,6 +257,32 @@ def _redact_strings(v: Any, memo: dict[str, str]) -> Any:
     if isinstance(v, list):
         return [_redact_strings(x, memo) for x in v]
     return v
+
+
+def _has_text(v: Any) -> bool:
+    if type(v) is list:
+        return any(type(x) is not int and _has_text(x) for x in v)
+    return isinstance(v, str)
+
+
+def _redact_dump(head: dict[str, Any], rows: list[dict[str, Any]], memo: dict[str, str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A dump's rows (``hangd.flightrec.rows``) with every string through ``redact_text``: the
+    same as ``_redact_strings`` over all of it, walking only the fields that hold text (a dump
+    has up to a thousand rows, each mostly numbers)."""
+    out = []
+    for r in rows:
+        r = dict(r)
+        for k in ("pg", "op", "state"):
+            if isinstance(r.get(k), str):
+                r[k] = _redact_strings(r[k], memo)
+        dtypes = r.get("input_dtypes")
+        if type(dtypes) is list:
+            r["input_dtypes"] = [_redact_strings(x, memo) for x in dtypes]
+        for k in ("input_sizes", "output_sizes"):
+            if _has_text(r.get(k)):
+                r[k] = _redact_strings(r[k], memo)
+        out.append(r)
+    return _redact_strings(head, memo), out
 
 
 # ---------------------------------------------------------------- events -> snapshots
@@ -424,9 +458,7 @@ class TraceReader:
             for k in ("input_sizes", "output_sizes"):
                 if not _is_shape(r.get(k)):
                     raise TraceError(f"{where} (entry {i}): field {k!r} is not a list of shapes of 64-bit sizes")
-        memo: dict[str, str] = {}
-        head = _redact_strings(head, memo)
-        rows = [_redact_strings({k: r.get(k) for k in _RDUMP_ROW_HINTS}, memo) for r in rows]
+        head, rows = _redact_dump(head, [{k: r.get(k) for k in _RDUMP_ROW_HINTS} for r in rows], {})
         return from_rows(rank, head, rows)
 
     def _log_bytes(self, path: str) -> bytes | None:
@@ -646,10 +678,9 @@ class TraceWriter:
             key = (d.job, d.node, d.rank, d.read_at)
             rel = files.get(key) or self._remote_dump_files.get(key)
             if rel is None:
-                head, rows = to_rows(d.dump)
+                head, rows = _redact_dump(*to_rows(d.dump), memo)
                 try:
-                    text = json.dumps(_redact_strings({"head": head, "entries": rows}, memo), separators=(",", ":"),
-                                      allow_nan=False)
+                    text = json.dumps({"head": head, "entries": rows}, separators=(",", ":"), allow_nan=False)
                 except (TypeError, ValueError):  # a set or NaN no reader would take: that dump is left out
                     continue
                 rel = self._save(f"remote_fr_rank_{d.rank}.json", text.encode())
