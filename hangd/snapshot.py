@@ -220,8 +220,8 @@ class Snapshot:
     # the ranks other nodes report for the jobs that span nodes (from a shared store); None when
     # there is no shared store, or it could not be read this time
     remote: list[RemoteRank] | None = None
-    # the flight-recorder dumps other nodes wrote of those jobs' ranks; None likewise (and in a
-    # replay: a trace does not carry them)
+    # the flight-recorder dumps other nodes wrote of those jobs' ranks; None likewise (a replay
+    # gives the ones the trace's newest remote_dumps event named, from that event on)
     remote_dumps: list[RemoteDump] | None = None
     node: str | None = None  # this node's name among the nodes sharing a store (None: alone)
 

@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any, Union
 
 from hangd.evidence import decode_evidence
+from hangd.flightrec.reader import Dump
+from hangd.flightrec.rows import from_rows, to_rows
 from hangd.redact import filter_environ, redact_cmdline, redact_obj, redact_text
 from hangd.snapshot import (
     Action,
@@ -28,6 +30,7 @@ from hangd.snapshot import (
     ProcInfo,
     ProcSample,
     RasReport,
+    RemoteDump,
     RemoteRank,
     Snapshot,
     StackSample,
@@ -153,13 +156,28 @@ _EVENT_HINTS: dict[str, dict[str, Any]] = {
     "action": {"what": str, "pid": int | None},
     "unavailable": {"source": str, "why": str},
     "remote": {"node": str | None, "ranks": list[dict[str, Any]]},
+    "remote_dumps": {"dumps": list[dict[str, Any]]},
 }
 _EVENT_REQUIRED: dict[str, set[str]] = {
     "gpu": _required(GpuSample), "proc": _required(ProcSample), "proc_info": _required(ProcInfo),
     "file": {"path"}, "stack": {"pid"}, "fr_dump": set(), "nccl_ras": set(), "action": {"what"},
     "unavailable": {"source", "why"},
     "remote": {"ranks"},
+    "remote_dumps": {"dumps"},
 }
+# one item of a remote_dumps event, and the file it names: a dump in the rows a shared store keeps
+# (hangd.flightrec.rows), checked against the types hangd.flightrec.reader.normalize gives them
+_RDUMP_HINTS: dict[str, Any] = {"job": str, "node": str, "rank": int, "read_at": float, "reported_at": float,
+                                "file": str}
+_RDUMP_HEAD_HINTS: dict[str, Any] = {"version": str | None, "pg_config": dict[str, dict[str, Any]] | None,
+                                     "pg_status": dict[str, dict[str, int | None]] | None, "entries": int | None}
+_RDUMP_PG_HINTS: dict[str, Any] = {"pg_id": str | int | None, "desc": str | None, "ranks": list[int] | None}
+_RDUMP_ROW_HINTS: dict[str, Any] = {
+    "pg": str, "pg_id": int | None, "seq": int | None, "p2p_seq": int | None, "op": str, "state": str,
+    "completed": bool, "is_p2p": bool, "input_sizes": list[Any] | None, "input_dtypes": list[str] | None,
+    "output_sizes": list[Any] | None, "time_created_ns": int | None,
+}
+_RDUMP_ROW_REQUIRED = {"pg", "op", "state", "completed", "is_p2p"}
 _META_HINTS: dict[str, Any] = {
     "format": str, "t_start": float | None, "t_end": float | None, "log_files": dict[str, str] | None,
     "ranks": dict[str, int] | None, "world_size": int | None, "gpus": list[dict[str, Any]] | None,
@@ -208,6 +226,65 @@ def _clean(d: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in d.items() if v is not None}
 
 
+def _is_shape(v: Any, depth: int = 0) -> bool:
+    """A tensor shape as the flight-recorder reader normalizes it: nested lists of numbers a
+    64-bit counter holds (or names), so that it can be printed and compared."""
+    if type(v) is list:
+        if depth >= 16:
+            return False
+        for x in v:  # a loop, not all(): a dump has thousands of shapes, mostly of ints
+            if type(x) is int:
+                if not -MAX_INT <= x <= MAX_INT:
+                    return False
+            elif not _is_shape(x, depth + 1):
+                return False
+        return True
+    return v is None or type(v) in (str, bool) or _is_int(v) or (type(v) is float and math.isfinite(v))
+
+
+def _redact_strings(v: Any, memo: dict[str, str]) -> Any:
+    """Every string of a JSON value through ``redact_text``, dict keys included: a dump's group
+    names are keys of its pg_config and values of its entries, and must stay equal. Unlike
+    ``redact_obj`` no value is replaced by its key's name: a group called "auth" keeps its shape.
+    ``memo``: a dump repeats the same few names thousands of times."""
+    if isinstance(v, str):
+        out = memo.get(v)
+        if out is None:
+            out = memo[v] = redact_text(v)
+        return out
+    if isinstance(v, dict):
+        return {_redact_strings(k, memo): _redact_strings(x, memo) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_redact_strings(x, memo) for x in v]
+    return v
+
+
+def _has_text(v: Any) -> bool:
+    if type(v) is list:
+        return any(type(x) is not int and _has_text(x) for x in v)
+    return isinstance(v, str)
+
+
+def _redact_dump(head: dict[str, Any], rows: list[dict[str, Any]], memo: dict[str, str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A dump's rows (``hangd.flightrec.rows``) with every string through ``redact_text``: the
+    same as ``_redact_strings`` over all of it, walking only the fields that hold text (a dump
+    has up to a thousand rows, each mostly numbers)."""
+    out = []
+    for r in rows:
+        r = dict(r)
+        for k in ("pg", "op", "state"):
+            if isinstance(r.get(k), str):
+                r[k] = _redact_strings(r[k], memo)
+        dtypes = r.get("input_dtypes")
+        if type(dtypes) is list:
+            r["input_dtypes"] = [_redact_strings(x, memo) for x in dtypes]
+        for k in ("input_sizes", "output_sizes"):
+            if _has_text(r.get(k)):
+                r[k] = _redact_strings(r[k], memo)
+        out.append(r)
+    return _redact_strings(head, memo), out
+
+
 # ---------------------------------------------------------------- events -> snapshots
 
 
@@ -237,6 +314,8 @@ class TraceReader:
         self.events_path = events_path
         self._log_map: dict[str, str] = dict(self.meta.get("log_files") or {})
         self._log_cache: dict[str, bytes | None] = {}
+        self._remote_dumps: list[RemoteDump] | None = None
+        self._remote_dump_files: dict[tuple[str, int], Dump] = {}
 
     def truth(self) -> list[dict[str, Any]]:
         p = self.root / "truth.jsonl"
@@ -303,9 +382,17 @@ class TraceReader:
                             raise TraceError(f"{where} (remote): 'ranks' must be a list of objects")
                         for r in ev["ranks"]:
                             _check_fields(r, _REMOTE_HINTS, _REMOTE_REQUIRED, f"{where} (remote ranks)")
+                    if kind == "remote_dumps":
+                        if not all(isinstance(d, dict) for d in ev["dumps"]):
+                            raise TraceError(f"{where} (remote_dumps): 'dumps' must be a list of objects")
+                        for d in ev["dumps"]:
+                            _check_fields(d, _RDUMP_HINTS, set(_RDUMP_HINTS), f"{where} (remote_dumps)")
                 yield ev
 
     def snapshots(self) -> Iterator[Snapshot]:
+        # the other nodes' dumps hold until the next remote_dumps event: the writer writes one
+        # only when they change, and every snapshot of the live node had them
+        self._remote_dumps, self._remote_dump_files = None, {}
         cur: Snapshot | None = None
         for ev in self.events():
             t = float(ev["t"])
@@ -313,6 +400,8 @@ class TraceReader:
                 if cur is not None:
                     yield decode_evidence(cur)
                 cur = Snapshot(t=t)
+                if self._remote_dumps is not None:
+                    cur.remote_dumps = list(self._remote_dumps)
             self._add(cur, ev)
         if cur is not None:
             yield decode_evidence(cur)
@@ -341,6 +430,36 @@ class TraceReader:
                 return f.read(MAX_FILE_BYTES)
         except OSError:
             return None
+
+    def _remote_dump(self, rel: str, rank: int, where: str) -> Dump:
+        """A dump another node wrote, from the file a remote_dumps event names: the rows
+        ``hangd.flightrec.rows.to_rows`` gives (``{"head": ..., "entries": [...]}``), each field
+        checked, every string redacted, rebuilt with ``from_rows``."""
+        where = f"{where}: {rel[:200]}"
+        data = self._read_bytes(rel)
+        if data is None:
+            raise TraceError(f"{where}: missing, unreadable or outside the trace")
+        try:
+            doc = loads(data)
+        except RecursionError as e:
+            raise TraceError(f"{where}: JSON nested too deeply") from e
+        except (ValueError, UnicodeDecodeError) as e:
+            raise TraceError(f"{where}: not JSON: {str(e)[:200]}") from e
+        if not isinstance(doc, dict) or not isinstance(doc.get("head"), dict) or not isinstance(doc.get("entries"), list):
+            raise TraceError(f"{where}: a remote dump is an object with 'head' (an object) and 'entries' (a list)")
+        head, rows = doc["head"], doc["entries"]
+        _check_fields(head, _RDUMP_HEAD_HINTS, set(), f"{where} (head)")
+        for cfg in (head.get("pg_config") or {}).values():
+            _check_fields(cfg, _RDUMP_PG_HINTS, set(), f"{where} (head pg_config)")
+        for i, r in enumerate(rows):
+            if not isinstance(r, dict):
+                raise TraceError(f"{where}: entry {i} is {_kind_of(r)}, not an object")
+            _check_fields(r, _RDUMP_ROW_HINTS, _RDUMP_ROW_REQUIRED, f"{where} (entry {i})")
+            for k in ("input_sizes", "output_sizes"):
+                if not _is_shape(r.get(k)):
+                    raise TraceError(f"{where} (entry {i}): field {k!r} is not a list of shapes of 64-bit sizes")
+        head, rows = _redact_dump(head, [{k: r.get(k) for k in _RDUMP_ROW_HINTS} for r in rows], {})
+        return from_rows(rank, head, rows)
 
     def _log_bytes(self, path: str) -> bytes | None:
         if path not in self._log_cache:
@@ -412,6 +531,20 @@ class TraceReader:
             # what other nodes reported of the jobs that span nodes, as the live daemon read it
             snap.node = ev.get("node")
             snap.remote = [RemoteRank(**_pick(r, _REMOTE_HINTS)) for r in ev["ranks"]]
+        elif kind == "remote_dumps":
+            where = f"{self.events_path} (remote_dumps at t={ev['t']})"
+            files: dict[tuple[str, int], Dump] = {}
+            memo: dict[str, str] = {}
+            dumps = []
+            for d in ev["dumps"]:
+                key = (d["file"], d["rank"])
+                dump = files.get(key) or self._remote_dump_files.get(key) or self._remote_dump(d["file"], d["rank"], where)
+                files[key] = dump
+                dumps.append(RemoteDump(job=_redact_strings(d["job"], memo), node=_redact_strings(d["node"], memo),
+                                        rank=d["rank"], read_at=float(d["read_at"]),
+                                        reported_at=float(d["reported_at"]), dump=dump))
+            self._remote_dump_files = files  # only the newest event's: a long trace does not pile them up
+            self._remote_dumps = snap.remote_dumps = dumps
 
 
 # ---------------------------------------------------------------- snapshots -> events
@@ -454,6 +587,10 @@ class TraceWriter:
         self._logs: dict[str, str] = {}
         self._ranks: dict[str, int] = {}
         self._gpus: dict[int, dict[str, Any]] = {}
+        # the remote dumps last written: what each was (job, node, rank, read_at, reported_at),
+        # and the file that holds each dump (a dump is its job, node, rank and read_at)
+        self._remote_dumps: list[tuple[str, str, int, float, float]] | None = None
+        self._remote_dump_files: dict[tuple[str, str, int, float], str] = {}
 
     def _emit(self, ev: dict[str, Any]) -> None:
         self._out.write(json.dumps(ev, separators=(",", ":")) + "\n")
@@ -523,6 +660,35 @@ class TraceWriter:
         if snap.remote is not None:
             self._emit({"t": t, "kind": "remote", "node": snap.node,
                         "ranks": [redact_obj(_clean(dataclasses.asdict(r))) for r in snap.remote]})
+        if snap.remote_dumps is not None:
+            self._write_remote_dumps(t, [d for d in snap.remote_dumps if isinstance(d.dump, Dump)])
+
+    def _write_remote_dumps(self, t: float, dumps: list[RemoteDump]) -> None:
+        """The other nodes' flight-recorder dumps, only when they changed since the last event:
+        a dump is a few hundred kB and changes when its node reads a newer one, while its
+        node's heartbeat (``reported_at``) moves every few seconds. Each dump goes to a file of
+        its own once; an event names the files of all of them (a reader keeps the newest event)."""
+        now = [(d.job, d.node, d.rank, d.read_at, d.reported_at) for d in dumps]
+        if now == self._remote_dumps:
+            return
+        files: dict[tuple[str, str, int, float], str] = {}
+        items = []
+        memo: dict[str, str] = {}
+        for d in dumps:
+            key = (d.job, d.node, d.rank, d.read_at)
+            rel = files.get(key) or self._remote_dump_files.get(key)
+            if rel is None:
+                head, rows = _redact_dump(*to_rows(d.dump), memo)
+                try:
+                    text = json.dumps({"head": head, "entries": rows}, separators=(",", ":"), allow_nan=False)
+                except (TypeError, ValueError):  # a set or NaN no reader would take: that dump is left out
+                    continue
+                rel = self._save(f"remote_fr_rank_{d.rank}.json", text.encode())
+            files[key] = rel
+            items.append({"job": _redact_strings(d.job, memo), "node": _redact_strings(d.node, memo), "rank": d.rank,
+                          "read_at": d.read_at, "reported_at": d.reported_at, "file": rel})
+        self._remote_dumps, self._remote_dump_files = now, files
+        self._emit({"t": t, "kind": "remote_dumps", "dumps": items})
 
     def close(self) -> None:
         self._out.close()

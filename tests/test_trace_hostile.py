@@ -65,6 +65,15 @@ CASES: dict[str, tuple[bytes | None, bytes]] = {
     "remote_rank_pid_string": (None, ev(t=1, kind="remote", ranks=[{"job": "j", "node": "b", "pid": "7",
                                                                     "reported_at": 1.0}])),
     "remote_rank_without_node": (None, ev(t=1, kind="remote", ranks=[{"job": "j", "pid": 7, "reported_at": 1.0}])),
+    "remote_dumps_not_list": (None, ev(t=1, kind="remote_dumps", dumps={"job": "j"})),
+    "remote_dumps_missing": (None, ev(t=1, kind="remote_dumps")),
+    "remote_dump_not_object": (None, ev(t=1, kind="remote_dumps", dumps=["files/d.json"])),
+    "remote_dump_rank_float": (None, ev(t=1, kind="remote_dumps", dumps=[{"job": "j", "node": "b", "rank": 1.5,
+                                                                          "read_at": 1.0, "reported_at": 1.0,
+                                                                          "file": "files/d.json"}])),
+    "remote_dump_file_missing": (None, ev(t=1, kind="remote_dumps", dumps=[{"job": "j", "node": "b", "rank": 1,
+                                                                            "read_at": 1.0, "reported_at": 1.0,
+                                                                            "file": "files/none.json"}])),
     "xid_inf": (None, b'{"t": 1, "kind": "gpu", "index": 0, "xid": [{"t": Infinity}]}\n'),
     "meta_list": (b"[1, 2]", OK),
     "meta_string": (b'"hangd-trace/1"', OK),
@@ -121,8 +130,10 @@ def test_hangd_serve_replay_refuses_a_hostile_trace(tmp_path, name):
 
 
 FIELDS = ["t", "kind", "pid", "index", "util_gpu", "procs", "gpm", "environ", "cmdline", "path", "size", "file",
-          "rank", "format", "native", "seconds", "what", "source", "why", "state", "io", "thread_states", "fds"]
-KINDS = ["gpu", "proc", "proc_info", "file", "stack", "fr_dump", "nccl_ras", "action", "unavailable", "other"]
+          "rank", "format", "native", "seconds", "what", "source", "why", "state", "io", "thread_states", "fds",
+          "ranks", "dumps"]
+KINDS = ["gpu", "proc", "proc_info", "file", "stack", "fr_dump", "nccl_ras", "action", "unavailable", "remote",
+         "remote_dumps", "other"]
 scalars = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
                     st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=8), st.sampled_from(KINDS))
 values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),
