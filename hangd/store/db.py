@@ -1034,6 +1034,8 @@ class Store:
             acks = dict(self._acks)
         out = {}
         for iid, d in items:
+            if iid in self._alias:  # written under another row (another node's, of the same hang): that row says it
+                continue
             d["status"] = "open" if d.get("resolved_at") is None else "resolved"
             if iid in acks:
                 d["acked"] = True

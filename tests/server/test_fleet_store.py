@@ -95,6 +95,24 @@ def test_a_hang_of_a_job_that_spans_nodes_is_one_incident_whichever_node_writes_
     assert row.status == "resolved" and row.open_key is None
 
 
+def test_a_hang_joined_to_another_node_s_row_is_listed_once_while_its_update_is_queued(fleet):
+    (a, b), job = fleet
+    t = time.time()
+    for st in (a, b):
+        st.submit(Batch(t=t))
+    ia, ib = 5 * ID_STRIDE + a.node_id, 5 * ID_STRIDE + b.node_id
+    b.submit(Batch(t=t, incidents=[_hang(ib, job, t, "from b")], spanning={job}))
+    a.submit(Batch(t=t + 0.1, incidents=[_hang(ia, job, t + 0.1, "from a")], spanning={job}))  # joins b's row
+    a.start_writer()
+    try:
+        with a._lock:  # the writer is busy: a's next update of the hang waits in the queue
+            a.submit(Batch(t=t + 1, incidents=[_hang(ia, job, t + 0.1, "from a, updated")], spanning={job}))
+            total, listed = a.list_incidents(job=job)
+            assert (total, [i["id"] for i in listed]) == (1, [ib]), listed
+    finally:
+        a.stop_writer()
+
+
 def test_a_node_takes_over_the_incident_of_a_node_that_stopped_reporting(fleet):
     (a, b), job = fleet
     t = time.time()
