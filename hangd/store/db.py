@@ -1247,6 +1247,10 @@ class Store:
                 seen.add(str(f.get("message")))
                 out["findings"].append(redact_obj({"incident": iid, "kind": f.get("kind"), "pg": f.get("pg"),
                                                    "seq": f.get("seq"), "message": str(f.get("message") or "")}))
+        # "all ranks entered #61 and none completed it" was said over one node's ranks before the
+        # other nodes' dumps came; "rank 3 never entered #61" over all of them overrules it
+        missing = {(f["pg"], f["seq"]) for f in out["findings"] if f["kind"] == "missing_rank"}
+        out["findings"] = [f for f in out["findings"] if f["kind"] != "stuck" or (f["pg"], f["seq"]) not in missing]
         return out
 
     def fleet_jobs(self, key: str | None = None, now: float | None = None) -> dict[str, dict[str, Any]]:

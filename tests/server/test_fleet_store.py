@@ -434,7 +434,8 @@ def _fr_fleet(a: Store, b: Store, job: str, t: float, finding: str, also: str | 
     """Ranks 0, 1 on node a, 2, 3 on node b; ranks 0-2 entered all_reduce #61, rank 3 stopped at
     #60. Rank 0 also has a group whose name holds a secret; rank 1's newest op name holds a token;
     rank 2 sent to rank 3 after #61, and in a group of point-to-point only.
-    Node b's open hang holds the cross-rank finding (and one of NCCL RAS, not the recorder's).
+    Node b's open hang holds the cross-rank finding (and one of NCCL RAS, not the recorder's, and
+    one said over node b's ranks alone that the wider one overrules).
     ``also``: a second job, one rank on node a, no dump."""
     from hangd.flightrec.reader import Entry
 
@@ -458,7 +459,9 @@ def _fr_fleet(a: Store, b: Store, job: str, t: float, finding: str, also: str | 
     a.submit(Batch(t=t, processes=procs, jobs=jobs, spanning={job, also} if also else {job},
                    fr={(job, 0): (t - 2, zero), (job, 1): (t - 2, one)}))
     hang = _hang(5 * ID_STRIDE + b.node_id, job, t, "rank 3 on node-b (pid 702) is not in it")
-    hang["findings"] = [{"kind": "missing_rank", "source": "flight_recorder", "pg": "0", "seq": 61, "message": finding},
+    hang["findings"] = [{"kind": "stuck", "source": "flight_recorder", "pg": "0", "seq": 61,  # node b's own, before a's came
+                         "message": "all ranks entered all_reduce #61 (1024 float32) in pg 0 and none completed it"},
+                        {"kind": "missing_rank", "source": "flight_recorder", "pg": "0", "seq": 61, "message": finding},
                         {"kind": "ras_behind", "source": "nccl_ras", "message": "RAS: rank 3 launched fewer operations"}]
     b.submit(Batch(t=t, processes=_ranks(job, b_ranks, t), jobs=[_job(job, "hung", b_ranks)], spanning={job},
                    incidents=[hang], fr={(job, 2): (t - 1, two), (job, 3): (t - 1, _never_entered(3, 60))}))
@@ -516,7 +519,7 @@ def test_hangd_status_job_shows_where_each_rank_stands_in_its_flight_recorder(fl
         assert rows[(r, "0")][1:4] == [node, "0", "61"] and "scheduled" in rows[(r, "0")], rows[(r, "0")]
     assert any(x.startswith(f"flight recorder (incident #{5 * ID_STRIDE + b.node_id}): rank 3 on {b.hostname} never entered "
                             "all_reduce #61") for x in lines), lines
-    assert "RAS: rank 3" not in out.stdout  # not the recorder's finding
+    assert "RAS: rank 3" not in out.stdout and "all ranks entered" not in out.stdout  # not the recorder's; overruled
     assert "s3cr3t" not in out.stdout and "hf_" not in out.stdout, out.stdout
     # the table sits below the ranks, above the incident
     assert lines.index(next(x for x in lines if x.strip().startswith("RANK ") and "PID" in x)) < head < \
