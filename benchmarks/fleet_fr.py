@@ -8,7 +8,9 @@ group, with frames as PyTorch records them; another node reads them as its write
 the job's dumps: the first one (every entry), the steady one (the ranks' rows only: nothing
 changed), and one after a rank's dump was replaced. The writer and the reader run on the machine
 of the database (loopback): on a network, add a round trip per statement (two for the steady read,
-four for one with new dumps).
+four for one with new dumps). Then what ``GET /jobs/{key}`` and ``hangd status --job`` add: the
+job's flight-recorder summary (``fleet_flight_recorder``: where each rank stands per group), its
+time and its size as JSON.
 
     python benchmarks/fleet_fr.py --ranks 16 --entries 2000 --out benchmarks/results/fleet-fr.json
 """
@@ -97,6 +99,12 @@ def main() -> int:
         t0 = time.perf_counter()
         reader.remote_dumps([job], t + 1)
         one_new = time.perf_counter() - t0
+        summary_s = []
+        for _ in range(max(5, a.reads // 5)):
+            t0 = time.perf_counter()
+            summary = reader.fleet_flight_recorder(job, t + 1)
+            summary_s.append(time.perf_counter() - t0)
+        assert len(summary["ranks"]) == a.ranks
         out: dict[str, Any] = {
             "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "python": platform.python_version(),
             "postgres": pg.version(), "ranks": a.ranks, "entries_per_dump": a.entries, "keep_per_group": KEEP_PER_GROUP,
@@ -109,6 +117,9 @@ def main() -> int:
                          "steady_ms_p50": round(1000 * pct(steady, 50), 2),
                          "steady_ms_p99": round(1000 * pct(steady, 99), 2),
                          "one_rank_replaced_ms": round(1000 * one_new, 2)},
+            "job_view_summary": {"ms_p50": round(1000 * statistics.median(summary_s), 2),
+                                 "ms_max": round(1000 * max(summary_s), 2),
+                                 "json_bytes": len(json.dumps(summary))},
         }
         writer.close()
         reader.close()

@@ -58,12 +58,14 @@ def _status_job(args: argparse.Namespace) -> int:
     try:
         job = store.fleet_jobs(args.job).get(args.job)
         incidents = store.list_incidents(status="open", job=args.job)[1] if job is not None else []
+        fr = store.fleet_flight_recorder(args.job) if job is not None else {}
     finally:
         store.close()
     if job is None:
         _warn(f"no job {args.job} in {redact_url(s.db)} (a job that spans nodes, reported by a node in the last hour)")
         return exitcodes.CANNOT_RUN
     job["incidents"] = incidents
+    job["flight_recorder"], job["fr_findings"] = fr["ranks"], fr["findings"]
     if args.json:
         _dump(job)
     else:

@@ -192,10 +192,45 @@ def render_job(job: dict[str, Any], now: float) -> str:
         waits = "-" if x.get("waits") is None else ("yes" if x["waits"] else "no")
         lines.append(f"{r:>5} {x['node'][:20]:<20} {x['pid']:>7} {str(x.get('state') or '-'):<13} {waits:<7} {lp:<14} "
                      f"{str(x.get('reason') or '')[:120]}")
+    if "flight_recorder" in job:
+        lines.append("")
+        lines.extend(render_job_fr(job.get("flight_recorder") or {}, job.get("fr_findings") or [], now))
     for inc in job.get("incidents") or []:
         lines.append("")
         lines.extend(render_incident(inc, now))
     return "\n".join(lines)
+
+
+def _fr_state(x: dict[str, Any]) -> str:
+    state = str(x.get("state") or "-")
+    # gloo's entries stay "scheduled"; the recorder marks them retired once they finished
+    return "retired" if x.get("completed") and state != "completed" else state
+
+
+def render_job_fr(ranks: dict[str, list[dict[str, Any]]], findings: list[dict[str, Any]], now: float) -> list[str]:
+    """Where each rank stands in its flight recorder, per process group, as each node last read
+    its dump; then the cross-rank findings of the job's open incidents."""
+    if not ranks:
+        return ["no flight-recorder dumps written for this job"]
+    out = [f"{'RANK':>5} {'NODE':<20} {'PG':<12} {'LAST-SEQ':>8} {'OP':<28} {'STATE':<9} {'READ':<12} SIZES"]
+    for r, groups in sorted(ranks.items(), key=lambda kv: int(kv[0])):
+        for x in groups:
+            seq, op, state = x.get("seq"), x.get("op"), _fr_state(x)
+            if seq is None and x.get("p2p"):  # a group of point-to-point entries only
+                p = x["p2p"]
+                seq, op, state = p.get("seq"), f"{p.get('op')} (p2p)", _fr_state(p)
+            note = ""
+            if x.get("behind"):
+                note = f"  {x['behind']} behind the furthest rank in pg {x['pg']}"
+            elif x.get("completed_seq") is not None and seq is not None and x["completed_seq"] < seq:
+                note = f"  completed #{x['completed_seq']}"
+            sizes = "-" if x.get("sizes") is None else str(x["sizes"])
+            seq_s = "-" if seq is None else str(seq)
+            out.append(f"{r:>5} {str(x.get('node'))[:20]:<20} {str(x.get('pg'))[:12]:<12} {seq_s:>8} "
+                       f"{str(op or '-')[:28]:<28} {state[:9]:<9} {ago(x.get('read_at'), now):<12} {sizes[:60]}{note}")
+    for f in findings:
+        out.append(f"flight recorder (incident #{f['incident']}): {f['message']}")
+    return out
 
 
 def render_incident(inc: dict[str, Any], now: float) -> list[str]:

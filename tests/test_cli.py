@@ -327,6 +327,19 @@ def test_ago_reads_well():
     assert ago(None, 1) == "-"
 
 
+def test_a_job_s_flight_recorder_table_says_retired_for_gloo_and_none_without_dumps():
+    from hangd.status import render_job_fr
+
+    gloo = {"node": "node-b", "pg": "0", "read_at": 95.0, "seq": 7, "op": "gloo:all_reduce", "sizes": [[4]],
+            "dtypes": ["Float"], "state": "scheduled", "completed": True, "completed_seq": 7, "behind": 0, "p2p": None}
+    stuck = {**gloo, "seq": 8, "completed": False, "completed_seq": 7}
+    (head, done), (_, waiting) = render_job_fr({"1": [gloo]}, [], 100.0), render_job_fr({"1": [stuck]}, [], 100.0)
+    assert head.split() == ["RANK", "NODE", "PG", "LAST-SEQ", "OP", "STATE", "READ", "SIZES"]
+    assert done.split()[:6] == ["1", "node-b", "0", "7", "gloo:all_reduce", "retired"] and "5 s ago" in done
+    assert waiting.split()[3:6] == ["8", "gloo:all_reduce", "scheduled"] and waiting.endswith("completed #7")
+    assert render_job_fr({}, [], 100.0) == ["no flight-recorder dumps written for this job"]
+
+
 # ------------------------------------------------------------------------------------- README
 
 

@@ -203,7 +203,8 @@ class Daemon:
     def jobs_view(self, key: str | None = None) -> list[dict[str, Any]]:
         """This node's jobs; with a shared database, a job that spans nodes as the whole fleet
         reports it (every node's ranks, where each is, when its node last reported, the nodes that
-        stopped reporting), and such jobs that have no rank on this node too."""
+        stopped reporting), and such jobs that have no rank on this node too. One job asked for
+        by its key also has where each rank stands in its flight recorder, every node's dumps."""
         with self.lock:
             local = [j for j in self.analyzer.jobs() if key is None or j["job"] == key]
             open_by_job: dict[str, list[int]] = {}
@@ -238,6 +239,13 @@ class Daemon:
                                       for n in f["nodes"] if n["stale"]]
             # the fleet's open incidents (one per job and family, whichever node opened it)
             j["open_incidents"] = sorted(f["open_incidents"])
+            if key is not None:  # one job asked for: where each rank stands in its flight recorder
+                try:
+                    fr = self.store.fleet_flight_recorder(k)
+                except SQLAlchemyError as e:
+                    log.warning("could not read the fleet's flight-recorder dumps: %s", str(e).splitlines()[0][:200])
+                    continue
+                j["flight_recorder"], j["fr_findings"] = fr["ranks"], fr["findings"]
         return out
 
     def collector_stats(self) -> dict[str, CollectorStats]:

@@ -106,6 +106,46 @@ class FleetRank(BaseModel):
     reported_at: float
 
 
+class FrP2p(BaseModel):
+    seq: int | None = Field(default=None, description="its p2p sequence number")
+    op: str
+    state: str
+    completed: bool
+
+
+class FrGroup(BaseModel):
+    """Where one rank stands in one process group, from the newest flight-recorder dump its node wrote."""
+
+    node: str = Field(description="the node whose hangd read the dump")
+    pg: str = Field(description="the process group's name in the dump")
+    read_at: float = Field(description="when that node read the dump (Unix seconds, its clock)")
+    seq: int | None = Field(default=None, description="the newest collective the rank entered (collective_seq_id); "
+                            "null when the group has only point-to-point entries")
+    op: str | None = None
+    sizes: list[Any] | None = Field(default=None, description="its input sizes")
+    dtypes: list[Any] | None = Field(default=None, description="its input dtypes")
+    state: str | None = Field(default=None, description="scheduled | started | completed, as the dump says")
+    completed: bool | None = Field(default=None, description="completed or retired (gloo's entries stay scheduled)")
+    completed_seq: int | None = Field(default=None, description="the newest collective it completed; null when unknown")
+    behind: int | None = Field(default=None, description="how many collectives of this group the rank furthest on "
+                               "entered after this one (0: none)")
+    p2p: FrP2p | None = Field(default=None, description="the newest point-to-point entry, if any")
+
+    @computed_field(description="read_at as ISO-8601 (local time with offset)")  # type: ignore[prop-decorator]
+    @property
+    def read_at_iso(self) -> str | None:
+        return iso_field(self.read_at)
+
+
+class FrFindingOut(BaseModel):
+    incident: int = Field(description="the open incident that holds it")
+    kind: str | None = Field(default=None, description="missing_rank | op_mismatch | size_mismatch | dtype_mismatch | "
+                             "stuck | node_silent | ...")
+    pg: str | None = None
+    seq: int | None = None
+    message: str
+
+
 class JobOut(BaseModel):
     job: str
     name: str
@@ -123,6 +163,12 @@ class JobOut(BaseModel):
     rank_nodes: dict[str, str] | None = Field(default=None, description="rank -> the node it runs on")
     fleet_ranks: dict[str, FleetRank] | None = Field(default=None, description="rank -> where it is, as its node reports")
     stopped_reporting: list[str] | None = Field(default=None, description="nodes of the job whose hangd stopped reporting")
+    flight_recorder: dict[str, list[FrGroup]] | None = Field(
+        default=None, description="/jobs/{key} of a job that spans nodes: rank -> where it stands per process group, from "
+        "the newest flight-recorder dump each node wrote (empty: no dump written)")
+    fr_findings: list[FrFindingOut] | None = Field(
+        default=None, description="/jobs/{key} of a job that spans nodes: the cross-rank flight-recorder findings of its "
+        "open incidents")
 
     @computed_field(description="last_progress as ISO-8601 (local time with offset)")  # type: ignore[prop-decorator]
     @property

@@ -1201,6 +1201,94 @@ class Store:
         return [RemoteDump(job=h.job, node=h.hostname, rank=h.rank, read_at=cache[h.id][0], reported_at=h.reported_at,
                            dump=cache[h.id][1]) for h in heads]
 
+    def fleet_flight_recorder(self, key: str, now: float | None = None) -> dict[str, Any]:
+        """Where every rank of a job that spans nodes stands in its flight recorder, as each node
+        (this one too) last wrote its newest dump: ``{"ranks": {rank: [per process group]},
+        "findings": [...]}``. Per rank and group: the newest collective it entered (``seq``,
+        ``op``, ``sizes``, ``dtypes``, ``state``, ``completed``), the newest it completed
+        (``completed_seq``: the dump's group status or its entries, None when neither says),
+        ``behind`` (how many collectives the rank furthest on in that group entered after it),
+        the newest point-to-point entry (``p2p``, None without one), the node and when that node
+        read the dump (``read_at``, Unix seconds of its clock). ``findings`` are the cross-rank
+        flight-recorder findings of the job's open incidents. Bounded: one query of the ranks'
+        rows (group status, no group config: its rank lists grow with the world), one of at most
+        four entries per rank and group (newest collective and point-to-point, each completed or
+        not), never frames. Redacted. Empty for a database of one node or a job with no dumps."""
+        out: dict[str, Any] = {"ranks": {}, "findings": []}
+        if not self.shared:
+            return out
+        now = now or time.time()
+        R, E = FR_RANKS, FR_ENTRIES
+        listed = [R.c.job == key[:255], NODES.c.last_seen >= now - NODE_FORGET_S]
+        newest = (select(func.max(E.c.id)).select_from(E.join(R, R.c.id == E.c.dump_id).join(NODES, NODES.c.id == R.c.node_id))
+                  .where(*listed).group_by(E.c.dump_id, E.c.pg, E.c.is_p2p, E.c.completed))
+        with self.Session() as s:
+            heads = {h.id: h for h in s.execute(select(R.c.id, R.c.rank, R.c.read_at, R.c.pg_status, NODES.c.hostname)
+                                                .join(NODES, NODES.c.id == R.c.node_id).where(*listed))}
+            rows = list(s.execute(select(E.c.id, E.c.dump_id, E.c.pg, E.c.seq, E.c.p2p_seq, E.c.op, E.c.state, E.c.completed,
+                                         E.c.is_p2p, E.c.input_sizes, E.c.input_dtypes)
+                                  .where(E.c.id.in_(newest)).order_by(E.c.id)))
+            found = s.execute(select(m.Incident.id, m.Incident.findings).where(m.Incident.job == key,
+                                                                               m.Incident.status == "open")).all()
+        # pg and op names, dtypes and states come from the job's own dumps: redacted on the way out,
+        # each distinct text once (a job's ranks repeat the same few names)
+        texts: dict[str, str] = {}
+
+        def clean(v: Any) -> Any:
+            if isinstance(v, str):
+                if v not in texts:
+                    texts[v] = redact_text(v)
+                return texts[v]
+            return [clean(x) for x in v] if isinstance(v, list) else v
+
+        # per (dump, group): rows come oldest first, so the last one of a kind is the newest
+        groups: dict[tuple[int, str], dict[str, Any]] = {}
+        for e in rows:
+            if e.dump_id not in heads:
+                continue  # written between the two reads: read with its head next time
+            g = groups.setdefault((e.dump_id, e.pg), {"last": None, "done": None, "p2p": None})
+            if e.is_p2p:
+                g["p2p"] = e
+            else:
+                g["last"] = e
+                if e.completed:
+                    g["done"] = e
+        ranks: dict[int, list[dict[str, Any]]] = {}
+        for (dump_id, pg), g in sorted(groups.items(), key=lambda kv: (heads[kv[0][0]].rank, kv[0][1])):
+            h, last, p2p = heads[dump_id], g["last"], g["p2p"]
+            status = (h.pg_status or {}).get(pg) if isinstance(h.pg_status, dict) else None
+            said = status.get("last_completed_collective") if isinstance(status, dict) else None
+            done = [x for x in (said if isinstance(said, int) and not isinstance(said, bool) and said >= 0 else None,
+                                g["done"].seq if g["done"] is not None else None) if x is not None]
+            ranks.setdefault(h.rank, []).append({
+                "node": clean(h.hostname), "pg": clean(pg), "read_at": h.read_at,
+                "seq": last.seq if last else None, "op": clean(last.op) if last else None,
+                "sizes": clean(last.input_sizes) if last else None, "dtypes": clean(last.input_dtypes) if last else None,
+                "state": clean(last.state) if last else None, "completed": last.completed if last else None,
+                "completed_seq": max(done) if done else None, "behind": None,
+                "p2p": {"seq": p2p.p2p_seq, "op": clean(p2p.op), "state": clean(p2p.state), "completed": p2p.completed}
+                if p2p else None})
+        # a rank that never entered the collective its peers are in shows as behind them
+        furthest: dict[str, int] = {}
+        for x in (x for xs in ranks.values() for x in xs if x["seq"] is not None):
+            furthest[x["pg"]] = max(furthest.get(x["pg"], x["seq"]), x["seq"])
+        for x in (x for xs in ranks.values() for x in xs if x["seq"] is not None):
+            x["behind"] = furthest[x["pg"]] - x["seq"]
+        out["ranks"] = {str(r): ranks[r] for r in sorted(ranks)}
+        seen: set[str] = set()
+        for iid, findings in sorted(found):
+            for f in findings or []:
+                if not isinstance(f, dict) or f.get("source") != "flight_recorder" or str(f.get("message")) in seen:
+                    continue
+                seen.add(str(f.get("message")))
+                out["findings"].append(redact_obj({"incident": iid, "kind": f.get("kind"), "pg": f.get("pg"),
+                                                   "seq": f.get("seq"), "message": str(f.get("message") or "")}))
+        # "all ranks entered #61 and none completed it" was said over one node's ranks before the
+        # other nodes' dumps came; "rank 3 never entered #61" over all of them overrules it
+        missing = {(f["pg"], f["seq"]) for f in out["findings"] if f["kind"] == "missing_rank"}
+        out["findings"] = [f for f in out["findings"] if f["kind"] != "stuck" or (f["pg"], f["seq"]) not in missing]
+        return out
+
     def fleet_jobs(self, key: str | None = None, now: float | None = None) -> dict[str, dict[str, Any]]:
         """The jobs that span nodes as every node reports them: per job, its nodes (each with its
         ranks and when it last reported, and whether it stopped), its ranks with their node, and

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import create_engine, text
 
-from ..conftest import torch_available
+from ..conftest import run_hangd, torch_available
 from ..server.conftest import Served, free_port, postgres_url  # noqa: F401 - the fixture
 from .nodes import torchrun, two_nodes, wait_for
 
@@ -118,6 +118,19 @@ def test_a_rank_on_node_b_deadlocks_one_incident_then_node_b_stops_reporting(fle
         view = _job(a, key)
         assert view["open_incidents"] == [row.id] and view["rank_nodes"]["3"] == "node-b"
         assert view["fleet_ranks"]["3"]["node"] == "node-b"
+        # where each rank stands in its flight recorder, from both nodes' real dumps: rank 3 is
+        # behind ranks 0-2 in the group they wait in, and the finding says who never entered
+        fr_view = view["flight_recorder"]
+        assert {r: {x["node"] for x in xs} for r, xs in fr_view.items()} == \
+            {"0": {"node-a"}, "1": {"node-a"}, "2": {"node-b"}, "3": {"node-b"}}, fr_view
+        late = next(x for x in fr_view["3"] if x["behind"])
+        peers = [next(x for x in fr_view[r] if x["pg"] == late["pg"]) for r in "012"]
+        assert all(x["seq"] > late["seq"] and x["op"].endswith("all_reduce") for x in peers), (late, peers)
+        assert [f["kind"] for f in view["fr_findings"]] == ["missing_rank"], view["fr_findings"]
+        table = run_hangd("status", "--job", key, "--db", fleet["db"]).stdout
+        assert any(line.split()[:3] == ["3", "node-b", late["pg"]] and "behind the furthest rank" in line
+                   for line in table.splitlines()), table
+        print(table)
         # the job-level alert rules read these: the job, each node, and its ranks, from either node
         for s, node in ((a, "node-a"), (b, "node-b")):
             text = s.get("/metrics").text

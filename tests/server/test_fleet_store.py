@@ -507,3 +507,161 @@ def test_a_dump_with_sizes_no_shape_holds_leaves_the_writer_running(fleet, sizes
         time.sleep(0.1)
     assert a._writer is not None and a._writer.is_alive() and not a.pending and a.healthy, a.last_error
     assert sorted(x.summary for x in _hangs_in_db(a, job)) == ["x", "y"]  # both written, after the odd dump
+
+
+# ------------------------------------------------------------------ the job's flight recorder, every node's dumps
+
+SECRET_OP = "nccl:all_reduce hf_AbCdEfGhIjKlMnOpQrStUvWx"  # a token in a name the job chose
+SECRET_PG = "api_key=s3cr3t-pg-name"
+
+
+def _never_entered(rank: int, last: int):
+    """A rank's dump that stops at #last, all completed: it never entered #last+1 its peers are in."""
+    d = _fr_dump(rank, last + 1)
+    d.entries = [e for e in d.entries if e.seq <= last]
+    d.pg_status = {"0": {"last_enqueued_collective": last, "last_started_collective": -1, "last_completed_collective": last}}
+    return d
+
+
+def _fr_fleet(a: Store, b: Store, job: str, t: float, finding: str, also: str | None = None) -> None:
+    """Ranks 0, 1 on node a, 2, 3 on node b; ranks 0-2 entered all_reduce #61, rank 3 stopped at
+    #60. Rank 0 also has a group whose name holds a secret; rank 1's newest op name holds a token;
+    rank 2 sent to rank 3 after #61, and in a group of point-to-point only.
+    Node b's open hang holds the cross-rank finding (and one of NCCL RAS, not the recorder's, and
+    one said over node b's ranks alone that the wider one overrules).
+    ``also``: a second job, one rank on node a, no dump."""
+    from hangd.flightrec.reader import Entry
+
+    a_ranks, b_ranks = {0: (101, "waiting_peer", True), 1: (102, "waiting_peer", True)}, \
+        {2: (701, "waiting_peer", True), 3: (702, "hung", False)}
+    zero, one = _fr_dump(0, 61), _fr_dump(1, 61)
+    zero.entries.append(Entry(record_id=99, pg=SECRET_PG, pg_id=5, seq=4, p2p_seq=0, op="nccl:broadcast", state="started",
+                              completed=False, input_sizes=[[8]], input_dtypes=["Int"], output_sizes=[[8]], is_p2p=False,
+                              frames=[], time_created_ns=1, timeout_ms=None))
+    one.entries[-1].op = SECRET_OP
+    two = _fr_dump(2, 61)  # and point-to-point entries: one after #61 in group 0, one in a group of its own
+    for pg, p2p in (("0", 3), ("pp", 9)):
+        two.entries.append(Entry(record_id=None, pg=pg, pg_id=None, seq=61 if pg == "0" else 0, p2p_seq=p2p,
+                                 op="nccl:send 2->3", state="scheduled", completed=False, input_sizes=[[16]],
+                                 input_dtypes=["Float"], output_sizes=[[16]], is_p2p=True, frames=[], time_created_ns=2,
+                                 timeout_ms=None))
+    procs, jobs = _ranks(job, a_ranks, t), [_job(job, "hung", a_ranks)]
+    if also:
+        procs += _ranks(also, {0: (111, "busy", False)}, t)
+        jobs.append(_job(also, "busy", {0: (111, "busy", False)}))
+    a.submit(Batch(t=t, processes=procs, jobs=jobs, spanning={job, also} if also else {job},
+                   fr={(job, 0): (t - 2, zero), (job, 1): (t - 2, one)}))
+    hang = _hang(5 * ID_STRIDE + b.node_id, job, t, "rank 3 on node-b (pid 702) is not in it")
+    hang["findings"] = [{"kind": "stuck", "source": "flight_recorder", "pg": "0", "seq": 61,  # node b's own, before a's came
+                         "message": "all ranks entered all_reduce #61 (1024 float32) in pg 0 and none completed it"},
+                        {"kind": "missing_rank", "source": "flight_recorder", "pg": "0", "seq": 61, "message": finding},
+                        {"kind": "ras_behind", "source": "nccl_ras", "message": "RAS: rank 3 launched fewer operations"}]
+    b.submit(Batch(t=t, processes=_ranks(job, b_ranks, t), jobs=[_job(job, "hung", b_ranks)], spanning={job},
+                   incidents=[hang], fr={(job, 2): (t - 1, two), (job, 3): (t - 1, _never_entered(3, 60))}))
+    assert a.healthy and b.healthy, (a.last_error, b.last_error)
+
+
+def _finding(b: Store) -> str:
+    return (f"rank 3 on {b.hostname} never entered all_reduce #61 (1024 float32) in pg 0; ranks 0, 1 and 2 entered it and "
+            f"wait; token=hf_ZyXwVuTsRqPoNmLkJiHgFeDc")
+
+
+def test_the_job_s_flight_recorder_is_every_node_s_newest_dump_per_rank_redacted(fleet):
+    (a, b), job = fleet
+    t = time.time()
+    _fr_fleet(a, b, job, t, _finding(b))
+    for st in (a, b):  # every node's dumps, this node's own too, whichever node asks
+        fr = st.fleet_flight_recorder(job, t)
+        got = {(r, x["pg"]): x for r, xs in fr["ranks"].items() for x in xs}
+        assert sorted(got) == [("0", "0"), ("0", "api_key=<redacted>"), ("1", "0"), ("2", "0"), ("2", "pp"), ("3", "0")]
+        three, two = got[("3", "0")], got[("2", "0")]
+        assert (three["node"], three["seq"], three["op"], three["state"], three["completed_seq"], three["behind"]) == \
+            (b.hostname, 60, "nccl:all_reduce", "completed", 60, 1)
+        assert (two["node"], two["seq"], two["state"], two["completed_seq"], two["behind"], two["sizes"]) == \
+            (b.hostname, 61, "scheduled", 60, 0, [[1024, 3]])
+        assert two["p2p"] == {"seq": 3, "op": "nccl:send 2->3", "state": "scheduled", "completed": False}
+        assert got[("2", "pp")]["seq"] is None and got[("2", "pp")]["p2p"]["seq"] == 9
+        assert got[("0", "0")]["node"] == a.hostname and got[("0", "0")]["read_at"] == pytest.approx(t - 2)
+        assert three["read_at"] == pytest.approx(t - 1) and three["dtypes"] == ["Float"] and three["p2p"] is None
+        # a group of its own is compared with nobody's: the broadcast #4 is not "57 behind"
+        assert got[("0", "api_key=<redacted>")]["seq"] == 4 and got[("0", "api_key=<redacted>")]["behind"] == 0
+        assert got[("1", "0")]["op"] == "nccl:all_reduce <redacted>"
+        assert [(f["incident"], f["kind"], f["seq"]) for f in fr["findings"]] == [(5 * ID_STRIDE + b.node_id, "missing_rank", 61)]
+        assert fr["findings"][0]["message"].startswith(f"rank 3 on {b.hostname} never entered all_reduce #61")
+        dumped = json.dumps(fr)
+        assert "s3cr3t" not in dumped and "hf_" not in dumped and "train_step" not in dumped
+    assert a.fleet_flight_recorder(job + "-other", t) == {"ranks": {}, "findings": []}
+
+
+def test_hangd_status_job_shows_where_each_rank_stands_in_its_flight_recorder(fleet, postgres_url):
+    from ..conftest import run_hangd
+
+    (a, b), job = fleet
+    t = time.time()
+    _fr_fleet(a, b, job, t, _finding(b))
+    out = run_hangd("status", "--job", job, "--db", postgres_url)
+    assert out.returncode == 1, out.stderr
+    lines = out.stdout.splitlines()
+    head = lines.index(next(line for line in lines if line.split()[:3] == ["RANK", "NODE", "PG"]))
+    assert lines[head].split() == ["RANK", "NODE", "PG", "LAST-SEQ", "OP", "STATE", "READ", "SIZES"]
+    rows = {(x.split()[0], x.split()[2]): x.split() for x in lines[head + 1:head + 7]}
+    assert rows[("2", "pp")][3:6] == ["9", "nccl:send", "2->3"] and "(p2p)" in rows[("2", "pp")], rows
+    assert rows[("3", "0")][:6] == ["3", b.hostname, "0", "60", "nccl:all_reduce", "completed"], rows
+    assert "1 behind the furthest rank in pg 0" in " ".join(rows[("3", "0")])
+    for r, node in (("0", a.hostname), ("1", a.hostname), ("2", b.hostname)):
+        assert rows[(r, "0")][1:4] == [node, "0", "61"] and "scheduled" in rows[(r, "0")], rows[(r, "0")]
+    assert any(x.startswith(f"flight recorder (incident #{5 * ID_STRIDE + b.node_id}): rank 3 on {b.hostname} never entered "
+                            "all_reduce #61") for x in lines), lines
+    assert "RAS: rank 3" not in out.stdout and "all ranks entered" not in out.stdout  # not the recorder's; overruled
+    assert "s3cr3t" not in out.stdout and "hf_" not in out.stdout, out.stdout
+    # the table sits below the ranks, above the incident
+    assert lines.index(next(x for x in lines if x.strip().startswith("RANK ") and "PID" in x)) < head < \
+        lines.index(next(x for x in lines if x.startswith("INCIDENT #")))
+    doc = json.loads(run_hangd("status", "--job", job, "--db", postgres_url, "--json").stdout)
+    assert [(x["seq"], x["state"], x["node"]) for x in doc["flight_recorder"]["3"]] == [(60, "completed", b.hostname)]
+    assert "s3cr3t" not in json.dumps(doc) and "hf_" not in json.dumps(doc)
+
+
+def test_a_job_without_flight_recorder_dumps_says_so(fleet, postgres_url):
+    from ..conftest import run_hangd
+
+    (a, b), job = fleet
+    t = time.time()
+    ranks = {0: (101, "busy", False)}
+    a.submit(Batch(t=t, processes=_ranks(job, ranks, t), jobs=[_job(job, "busy", ranks)], spanning={job}))
+    assert a.fleet_flight_recorder(job, t) == {"ranks": {}, "findings": []}
+    out = run_hangd("status", "--job", job, "--db", postgres_url)
+    assert out.returncode == 0, out.stderr
+    assert "no flight-recorder dumps written for this job" in out.stdout.splitlines(), out.stdout
+
+
+def test_jobs_key_shows_every_rank_s_flight_recorder_from_any_node(fleet, postgres_url, tmp_path, served):
+    """A third node's real ``hangd serve``, none of the job's ranks on it, answers for the job."""
+    from .conftest import serve
+
+    (a, b), job = fleet
+    t = time.time()
+    empty = job + "-nodumps"
+    _fr_fleet(a, b, job, t, _finding(b), also=empty)
+    s = serve(tmp_path, "--node-name", f"node-c-{uuid.uuid4().hex[:8]}", "--interval", "0.5", db=postgres_url)
+    served.append(s)
+    r = s.get(f"/jobs/{job}")
+    assert r.status_code == 200, r.text
+    doc = r.json()
+    fr = doc["flight_recorder"]
+    assert {r: [(x["node"], x["pg"], x["seq"], x["op"], x["state"]) for x in xs] for r, xs in fr.items()} == {
+        "0": [(a.hostname, "0", 61, "nccl:all_reduce", "scheduled"), (a.hostname, "api_key=<redacted>", 4, "nccl:broadcast",
+                                                                       "started")],
+        "1": [(a.hostname, "0", 61, "nccl:all_reduce <redacted>", "scheduled")],
+        "2": [(b.hostname, "0", 61, "nccl:all_reduce", "scheduled"), (b.hostname, "pp", None, None, None)],
+        "3": [(b.hostname, "0", 60, "nccl:all_reduce", "completed")]}
+    assert fr["3"][0]["behind"] == 1 and fr["3"][0]["completed_seq"] == 60 and fr["2"][0]["sizes"] == [[1024, 3]]
+    assert fr["3"][0]["read_at"] == pytest.approx(t - 1) and fr["3"][0]["read_at_iso"]
+    assert [f["message"].split(";")[0] for f in doc["fr_findings"]] == [f"rank 3 on {b.hostname} never entered all_reduce #61 "
+                                                                         "(1024 float32) in pg 0"]
+    assert "s3cr3t" not in r.text and "hf_" not in r.text
+    # every rank's row says where it is, as before
+    assert doc["rank_nodes"] == {"0": a.hostname, "1": a.hostname, "2": b.hostname, "3": b.hostname}
+    assert s.get(f"/jobs/{empty}").json()["flight_recorder"] == {}
+    # the list of jobs stays one query per table: no flight recorder there
+    assert all(j.get("flight_recorder") is None for j in s.get("/jobs").json())
