@@ -665,3 +665,31 @@ def test_jobs_key_shows_every_rank_s_flight_recorder_from_any_node(fleet, postgr
     assert s.get(f"/jobs/{empty}").json()["flight_recorder"] == {}
     # the list of jobs stays one query per table: no flight recorder there
     assert all(j.get("flight_recorder") is None for j in s.get("/jobs").json())
+
+
+def test_a_rank_stays_current_when_the_list_due_for_its_touch_was_superseded_in_the_queue(fleet):
+    """The writer lags (a slow database): a queued list of ranks is superseded by a newer one. The
+    batch written without it must not count as the touch of the ranks' rows: the next list written
+    moves them, or a hung rank (its row unchanged) drops out of the other nodes' view."""
+    (a, b), job = fleet
+    t = time.time()
+    ranks = {2: (701, "waiting_peer", True), 3: (702, "hung", False)}
+    b.submit(Batch(t=t, processes=_ranks(job, ranks, t), jobs=[_job(job, "hung", ranks)], spanning={job}))
+    b.start_writer()
+    try:
+        with b._lock:  # the writer is busy: the list of t + 10 is superseded by that of t + 10.2
+            for dt in (10, 10.2):
+                b.submit(Batch(t=t + dt, processes=_ranks(job, ranks, t), jobs=[_job(job, "hung", ranks)],
+                               spanning={job}))
+        for _ in range(100):
+            if not b.pending:
+                break
+            time.sleep(0.05)
+    finally:
+        b.stop_writer()
+    assert not b.pending and b.superseded >= 1
+    for i in range(1, 10):  # the ranks, unchanged, with every tick (the heartbeat 0.5 s)
+        now = t + 10.2 + i * 0.5
+        b.submit(Batch(t=now, processes=_ranks(job, ranks, t), jobs=[_job(job, "hung", ranks)], spanning={job}))
+        assert {r.rank for r in a.remote_ranks([job], now)} == {2, 3}, i
+        assert set(a.fleet_jobs(job, now)[job]["fleet_ranks"]) == {"2", "3"}, i
