@@ -1096,7 +1096,9 @@ class Store:
         if iid in overlay:
             return overlay[iid]
         with self.Session() as s:
-            r = s.get(m.Incident, iid)
+            # this node's id of a hang it wrote under another row (the metrics and the analyzer name
+            # it so): that row
+            r = s.get(m.Incident, self._alias.get(iid, iid))
             return self._acked(incident_row_to_dict(r), overlay) if r is not None else None
 
     def _ack_row(self, s: Session, iid: int, t: float) -> dict[str, Any] | None:
@@ -1112,6 +1114,7 @@ class Store:
         """Acknowledge an incident; None when there is no such incident. While the store is degraded
         (or the incident is still queued) the ack is queued too and shows at once in every read."""
         t = t or time.time()
+        iid = self._alias.get(iid, iid)  # a hang this node wrote under another row: that row is acked
         with self._overlay_lock:
             queued = iid in self._unwritten
         if not queued and self.healthy:

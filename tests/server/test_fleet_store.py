@@ -693,3 +693,28 @@ def test_a_rank_stays_current_when_the_list_due_for_its_touch_was_superseded_in_
         b.submit(Batch(t=now, processes=_ranks(job, ranks, t), jobs=[_job(job, "hung", ranks)], spanning={job}))
         assert {r.rank for r in a.remote_ranks([job], now)} == {2, 3}, i
         assert set(a.fleet_jobs(job, now)[job]["fleet_ranks"]) == {"2", "3"}, i
+
+
+def test_a_hang_joined_to_another_node_s_row_is_acked_and_read_by_this_node_s_id(fleet):
+    """This node's metrics and analyzer name the hang by this node's id: an ack or a read by it
+    reaches the row it joined, written or still queued."""
+    (a, b), job = fleet
+    t = time.time()
+    for st in (a, b):
+        st.submit(Batch(t=t))
+    ia, ib = 6 * ID_STRIDE + a.node_id, 6 * ID_STRIDE + b.node_id
+    b.submit(Batch(t=t, incidents=[_hang(ib, job, t, "from b")], spanning={job}))
+    a.submit(Batch(t=t + 0.1, incidents=[_hang(ia, job, t + 0.1, "from a")], spanning={job}))  # joins b's row
+    got = a.get_incident(ia)
+    assert got is not None and got["id"] == ib, got
+    acked = a.ack(ia, t + 2)
+    assert acked is not None and acked["acked"], acked
+    assert b.get_incident(ib)["acked"]
+    a.start_writer()
+    try:
+        with a._lock:  # queued: a's next update of the hang waits, the ack of it is shown at once
+            a.submit(Batch(t=t + 3, incidents=[_hang(ia, job, t + 0.1, "from a, updated")], spanning={job}))
+            got = a.get_incident(ia)
+            assert got is not None and got["id"] == ib and got["acked"], got
+    finally:
+        a.stop_writer()
