@@ -303,6 +303,10 @@ def test_an_id_another_node_already_holds_never_overwrites_its_incident(fleet):
     (ra,), (rb,) = _hangs_in_db(a, job + "-a"), _hangs_in_db(a, job + "-b")
     assert ra.id == same and ra.summary == "a's" and ra.node_id == a.node_id
     assert rb.id != same and rb.id % ID_STRIDE == b.node_id % ID_STRIDE and rb.summary == "b's, updated"
+    # node b names its hang by its own id: a read or an ack of it is of b's row, never of a's
+    assert b.get_incident(same)["summary"] == "b's, updated"
+    assert b.ack(same, t + 2)["id"] == rb.id
+    assert [(r.id, r.acked) for r in _hangs_in_db(a, job + "-a")] == [(same, False)]
 
 
 # ------------------------------------------------------------------ flight-recorder entries across nodes
