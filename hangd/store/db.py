@@ -398,7 +398,10 @@ class Store:
         self._proc_rows: dict[int, tuple[float, tuple[Any, ...]]] = {}  # pid -> (first_seen, values)
         self._job_rows: dict[str, tuple[Any, ...]] = {}
         self._gpu_rows: dict[int, tuple[Any, ...]] = {}
-        self._touched_at = 0.0
+        # per kind of row (nodes, processes, jobs, gpus): when its unchanged rows' last_seen last
+        # moved. Apart: a batch may carry no list of a kind (superseded in the queue, or not due),
+        # and a touch it was due must then fall on the next batch that carries one
+        self._touched_at: dict[str, float] = dict.fromkeys(("nodes", "processes", "jobs", "gpus"), 0.0)
         self._beat_at = 0.0
         self._rows_stale = False
         # queued but not yet written: incident id -> (seq of its newest batch, its dict); acks likewise
@@ -691,21 +694,26 @@ class Store:
             s.execute(insert(STATE_CHANGES), [
                 {"node_id": self.node_id, "t": c["t"], "pid": c["pid"], "rank": c.get("rank"), "job": c.get("job"),
                  "state": c["state"], "reason": redact_text(c["reason"])} for c in b.changes])
-        touch = b.t - self._touched_at >= self.touch_every_s or b.t < self._touched_at
-        beat = touch or self.shared and (b.t - self._beat_at >= self.heartbeat_s or b.t < self._beat_at)
+        touch = {k: b.t - at >= self.touch_every_s or b.t < at for k, at in self._touched_at.items()}
+        beat = touch["nodes"] or self.shared and (b.t - self._beat_at >= self.heartbeat_s or b.t < self._beat_at)
         procs, jobs = b.processes, b.jobs  # read once: a newer batch queued meanwhile may take them
+        written = {"nodes"}
         if procs is not None:
-            self._write_processes(s, procs, b.t, touch)
+            self._write_processes(s, procs, b.t, touch["processes"])
+            written.add("processes")
         if jobs is not None:
-            self._write_jobs(s, jobs, b.t, touch)
+            self._write_jobs(s, jobs, b.t, touch["jobs"])
+            written.add("jobs")
         if b.gpus is not None:
-            self._write_gpus(s, b.gpus, b.t, touch)
+            self._write_gpus(s, b.gpus, b.t, touch["gpus"])
+            written.add("gpus")
         with self._overlay_lock:  # a newer batch queued meanwhile may take some
             fr = dict(b.fr)
         if fr and self.shared:
             self._write_fr(s, fr)
-        if touch:
-            self._touched_at = b.t
+        for k in written:
+            if touch[k]:
+                self._touched_at[k] = b.t
         if beat:
             self._beat_at = b.t
             s.execute(update(NODES).where(NODES.c.id == self.node_id).values(last_seen=b.t))
@@ -794,7 +802,7 @@ class Store:
         self._proc_rows.clear()
         self._job_rows.clear()
         self._gpu_rows.clear()
-        self._touched_at = 0.0
+        self._touched_at = dict.fromkeys(self._touched_at, 0.0)
         self._beat_at = 0.0
 
     def _updated_all(self, s: Session, stmt: Any, rows: list[dict[str, Any]]) -> bool:
@@ -1088,7 +1096,9 @@ class Store:
         if iid in overlay:
             return overlay[iid]
         with self.Session() as s:
-            r = s.get(m.Incident, iid)
+            # this node's id of a hang it wrote under another row (the metrics and the analyzer name
+            # it so): that row
+            r = s.get(m.Incident, self._alias.get(iid, iid))
             return self._acked(incident_row_to_dict(r), overlay) if r is not None else None
 
     def _ack_row(self, s: Session, iid: int, t: float) -> dict[str, Any] | None:
@@ -1104,6 +1114,7 @@ class Store:
         """Acknowledge an incident; None when there is no such incident. While the store is degraded
         (or the incident is still queued) the ack is queued too and shows at once in every read."""
         t = t or time.time()
+        iid = self._alias.get(iid, iid)  # a hang this node wrote under another row: that row is acked
         with self._overlay_lock:
             queued = iid in self._unwritten
         if not queued and self.healthy:
