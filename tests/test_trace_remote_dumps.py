@@ -121,25 +121,34 @@ def _env(rank: int) -> dict[str, str]:
     return torchrun_env(rank, 2, port=29400, LOCAL_WORLD_SIZE="1", GROUP_WORLD_SIZE="2", MASTER_ADDR="10.0.0.1")
 
 
-def test_a_replay_finds_the_rank_on_another_node_that_never_entered_the_collective(tmp_path):
-    """Node-a runs rank 0 of the nccl_stall job, which waits in all_reduce #399; node-b runs rank 1,
-    which its hangd reports blocked in a collective. Only rank 1's flight-recorder entries, read on
-    node-b and handed over through the store, show that it never entered #399. The recording of
-    node-a, replayed, says the same."""
+def _node_a_with_rank_1_s_dumps(with_ranks: bool) -> tuple[Node, list[Snapshot]]:
+    """Node-a runs rank 0 of the nccl_stall job (spinning in all_reduce #399) for 30 s; rank 1's
+    dump comes from node-b through the store at 18 s (and its rank row, ``with_ranks``), rank 0's
+    own dump at 20 s. Every snapshot the analysis took is kept."""
     node = Node([P(10, 1), P(11, 10, _env(0), gpu=0, look="spin", state="R", cpu_ticks_per_s=100)])
     node.name = "node-a"
-    node.remote = lambda t: [RemoteRank(job=JOB, node="node-b", rank=1, pid=1412, state="waiting_peer",
-                                        reason="blocked in a collective", waits=True, last_progress=900.0,
-                                        reported_at=t - 1)]
+    if with_ranks:
+        node.remote = lambda t: [RemoteRank(job=JOB, node="node-b", rank=1, pid=1412, state="waiting_peer",
+                                            reason="blocked in a collective", waits=True, last_progress=900.0,
+                                            reported_at=t - 1)]
     rank1 = _as_stored(1)
     node.remote_dumps = lambda t: [_remote(1, 1018.0, t - 1, rank1)] if t >= 1018 else []
     recorded: list[Snapshot] = []
     step = node.an.step
     node.an.step = lambda snap: (recorded.append(snap), step(snap))[1]  # type: ignore[method-assign]
     node.run(20)
-    data = (FR / "nccl_trace_rank_0").read_bytes()
-    node.pending_fr = [FrDump(pid=11, rank=0, format="torch-fr-pickle", path="/var/tmp/job/nccl_trace_rank_0", data=data)]
+    node.pending_fr = [FrDump(pid=11, rank=0, format="torch-fr-pickle", path="/var/tmp/job/nccl_trace_rank_0",
+                              data=(FR / "nccl_trace_rank_0").read_bytes())]
     node.run(10)
+    return node, recorded
+
+
+def test_a_replay_finds_the_rank_on_another_node_that_never_entered_the_collective(tmp_path):
+    """Node-a runs rank 0 of the nccl_stall job, which waits in all_reduce #399; node-b runs rank 1,
+    which its hangd reports blocked in a collective. Only rank 1's flight-recorder entries, read on
+    node-b and handed over through the store, show that it never entered #399. The recording of
+    node-a, replayed, says the same."""
+    node, recorded = _node_a_with_rank_1_s_dumps(with_ranks=True)
 
     live = [f for f in node.an.findings if f["kind"] == "missing_rank"]
     assert [f["message"].split(";")[0] for f in live] == \
@@ -160,17 +169,7 @@ def test_a_replay_finds_the_rank_on_another_node_that_never_entered_the_collecti
 
 def test_without_the_remote_dumps_event_the_replay_finds_nobody_missing(tmp_path):
     """The same recording with its remote_dumps events taken out: the finding above came from them."""
-    node = Node([P(10, 1), P(11, 10, _env(0), gpu=0, look="spin", state="R", cpu_ticks_per_s=100)])
-    node.name = "node-a"
-    rank1 = _as_stored(1)
-    node.remote_dumps = lambda t: [_remote(1, 1018.0, t - 1, rank1)] if t >= 1018 else []
-    recorded: list[Snapshot] = []
-    step = node.an.step
-    node.an.step = lambda snap: (recorded.append(snap), step(snap))[1]  # type: ignore[method-assign]
-    node.run(20)
-    node.pending_fr = [FrDump(pid=11, rank=0, format="torch-fr-pickle", path="/x/nccl_trace_rank_0",
-                              data=(FR / "nccl_trace_rank_0").read_bytes())]
-    node.run(10)
+    node, recorded = _node_a_with_rank_1_s_dumps(with_ranks=False)
     assert [f for f in node.an.findings if f["kind"] == "missing_rank"]
     _write(tmp_path, recorded)
     lines = (tmp_path / "trace.jsonl").read_text().splitlines()

@@ -95,14 +95,21 @@ def test_a_hang_of_a_job_that_spans_nodes_is_one_incident_whichever_node_writes_
     assert row.status == "resolved" and row.open_key is None
 
 
-def test_a_hang_joined_to_another_node_s_row_is_listed_once_while_its_update_is_queued(fleet):
-    (a, b), job = fleet
+def _joined_hang(a: Store, b: Store, job: str, n: int) -> tuple[int, int, float]:
+    """Node b opens a hang of the job, node a then writes the same hang and joins b's row:
+    (a's id, b's id, when)."""
     t = time.time()
     for st in (a, b):
         st.submit(Batch(t=t))
-    ia, ib = 5 * ID_STRIDE + a.node_id, 5 * ID_STRIDE + b.node_id
+    ia, ib = n * ID_STRIDE + a.node_id, n * ID_STRIDE + b.node_id
     b.submit(Batch(t=t, incidents=[_hang(ib, job, t, "from b")], spanning={job}))
     a.submit(Batch(t=t + 0.1, incidents=[_hang(ia, job, t + 0.1, "from a")], spanning={job}))  # joins b's row
+    return ia, ib, t
+
+
+def test_a_hang_joined_to_another_node_s_row_is_listed_once_while_its_update_is_queued(fleet):
+    (a, b), job = fleet
+    ia, ib, t = _joined_hang(a, b, job, 5)
     a.start_writer()
     try:
         with a._lock:  # the writer is busy: a's next update of the hang waits in the queue
@@ -704,12 +711,7 @@ def test_a_hang_joined_to_another_node_s_row_is_acked_and_read_by_this_node_s_id
     """This node's metrics and analyzer name the hang by this node's id: an ack or a read by it
     reaches the row it joined, written or still queued."""
     (a, b), job = fleet
-    t = time.time()
-    for st in (a, b):
-        st.submit(Batch(t=t))
-    ia, ib = 6 * ID_STRIDE + a.node_id, 6 * ID_STRIDE + b.node_id
-    b.submit(Batch(t=t, incidents=[_hang(ib, job, t, "from b")], spanning={job}))
-    a.submit(Batch(t=t + 0.1, incidents=[_hang(ia, job, t + 0.1, "from a")], spanning={job}))  # joins b's row
+    ia, ib, t = _joined_hang(a, b, job, 6)
     got = a.get_incident(ia)
     assert got is not None and got["id"] == ib, got
     acked = a.ack(ia, t + 2)
