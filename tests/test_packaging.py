@@ -32,7 +32,7 @@ def test_installed_wheel_ships_the_migrations_and_runs_them(tmp_path):
     (wheel,) = wheels.glob("hangd-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "hangd/store/migrations/env.py" in names and "hangd/store/migrations/script.py.mako" in names, names
-    assert all(any(n.startswith(f"hangd/store/migrations/versions/{v}") for n in names) for v in ("0001", "0002", "0003", "0004")), names
+    assert all(any(n.startswith(f"hangd/store/migrations/versions/{v}") for n in names) for v in ("0001", "0002", "0003", "0004", "0005")), names
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
@@ -59,7 +59,7 @@ def test_installed_wheel_ships_the_migrations_and_runs_them(tmp_path):
     assert out.returncode == 0, out.stderr
     assert {"alembic_version", "incidents", "nodes"} <= _tables(db)
     with sqlite3.connect(db) as c:
-        assert c.execute("SELECT version_num FROM alembic_version").fetchall() == [("0004",)]
+        assert c.execute("SELECT version_num FROM alembic_version").fetchall() == [("0005",)]
     out = hangd("db", "downgrade", "base", "--db", url)
     assert out.returncode == 0, out.stderr
     assert _tables(db) <= {"alembic_version"}
