@@ -410,38 +410,50 @@ def test_an_idle_server_is_not_a_hang_beside_a_node_that_runs_an_older_hangd():
     assert node.kinds() == [], [(i.kind, i.summary) for i in node.an.incidents()]
 
 
-def test_a_second_hang_blames_the_rank_missing_now_not_the_one_missing_in_the_first():
-    from hangd.snapshot import FrDump, RemoteDump
+def _node_a_with_two_hangs(state: dict) -> Node:
+    """Node-a beside node-b's ranks 2 and 3 through episodes: ``state["ep"]`` 1 (both wait in a
+    collective), 0 (the job runs again), 2 (rank 2 asleep, rank 3 waits); node-b's dumps are
+    ``state["b"]``, read at ``state["read_at"]``."""
+    from hangd.snapshot import RemoteDump
 
     node = _node_a()
     node.name = "node-a"
-    state = {"ep": 1, "read_at": 1018.0, "b": [_dump(2, 12), _dump(3, 11)]}
 
     def remote(t):
-        if state["ep"] == 1:
-            return [_b(2, True, "waiting_peer", "blocked", t - 1), _b(3, True, "waiting_peer", "blocked", t - 1)]
         if state["ep"] == 0:  # the job runs again
-            return [_b(2, False, "busy", "working", t - 1, progress=t - 1), _b(3, False, "busy", "working", t - 1, progress=t - 1)]
+            return [_b(r, False, "busy", "working", t - 1, progress=t - 1) for r in (2, 3)]
+        if state["ep"] == 1:
+            return [_b(r, True, "waiting_peer", "blocked", t - 1) for r in (2, 3)]
         return [_b(2, False, "hung", "asleep", t - 1), _b(3, True, "waiting_peer", "blocked", t - 1)]
     node.remote = remote
     node.remote_dumps = lambda t: [RemoteDump(job=JOB, node="node-b", rank=d.rank, read_at=state["read_at"],
                                               reported_at=t - 1, dump=d) for d in state["b"]] if t >= state["read_at"] else []
+    return node
+
+
+def _episode(node: Node, state: dict, ep: int, look: str, seconds: float) -> None:
+    """Node-b's ranks enter episode ``ep``; node-a's ranks look ``look`` (work or spin) for ``seconds``."""
+    state["ep"] = ep
+    for pid in (11, 12):
+        node.procs[pid].look = look
+    node.run(seconds)
+
+
+def test_a_second_hang_blames_the_rank_missing_now_not_the_one_missing_in_the_first():
+    from hangd.snapshot import FrDump
+
+    state = {"ep": 1, "read_at": 1018.0, "b": [_dump(2, 12), _dump(3, 11)]}
+    node = _node_a_with_two_hangs(state)
     node.run(20)
     node.pending_fr = [FrDump(pid=11 + r, rank=r, format="pickle", path=f"/fr/rank_{r}", dump=_dump(r, 12)) for r in (0, 1)]
     node.run(10)
     (inc,) = node.an.incidents()
     assert inc.culprit_ranks == [3]
     # the job resumes
-    state["ep"] = 0
-    for pid in (11, 12):
-        node.procs[pid].look = "work"
-    node.run(30)
+    _episode(node, state, 0, "work", 30)
     assert not inc.open, inc.timeline
     # a second hang, in all_reduce #40: rank 2 on node-b is the one missing this time
-    state["ep"] = 2
-    for pid in (11, 12):
-        node.procs[pid].look = "spin"
-    node.run(25)
+    _episode(node, state, 2, "spin", 25)
     state["read_at"], state["b"] = node.t + 1, [_dump(2, 39), _dump(3, 40)]
     node.run(5)
     node.pending_fr = [FrDump(pid=11 + r, rank=r, format="pickle", path=f"/fr/rank_{r}", dump=_dump(r, 40)) for r in (0, 1)]
@@ -453,37 +465,20 @@ def test_a_second_hang_blames_the_rank_missing_now_not_the_one_missing_in_the_fi
 def test_this_node_s_dumps_of_an_earlier_hang_are_not_compared_with_the_other_node_s_of_this_one():
     """Hang 1 (all ranks stuck in #12, no one missing) resolves. In hang 2, rank 2 on node-b never
     enters #40; node-b reads its dumps a few seconds before node-a reads its own."""
-    from hangd.snapshot import FrDump, RemoteDump
+    from hangd.snapshot import FrDump
 
     def stuck(rank, last):  # every rank entered #last; none completed it
         return _dump(rank, last)
 
-    node = _node_a()
-    node.name = "node-a"
     state = {"ep": 1, "read_at": 1018.0, "b": [stuck(2, 12), stuck(3, 12)]}
-
-    def remote(t):
-        if state["ep"] == 0:
-            return [_b(r, False, "busy", "working", t - 1, progress=t - 1) for r in (2, 3)]
-        if state["ep"] == 1:
-            return [_b(r, True, "waiting_peer", "blocked", t - 1) for r in (2, 3)]
-        return [_b(2, False, "hung", "asleep", t - 1), _b(3, True, "waiting_peer", "blocked", t - 1)]
-    node.remote = remote
-    node.remote_dumps = lambda t: [RemoteDump(job=JOB, node="node-b", rank=d.rank, read_at=state["read_at"],
-                                              reported_at=t - 1, dump=d) for d in state["b"]] if t >= state["read_at"] else []
+    node = _node_a_with_two_hangs(state)
     node.run(20)
     node.pending_fr = [FrDump(pid=11 + r, rank=r, format="pickle", path=f"/fr/rank_{r}", dump=stuck(r, 12)) for r in (0, 1)]
     node.run(10)
     (inc,) = node.an.incidents()
-    state["ep"] = 0
-    for pid in (11, 12):
-        node.procs[pid].look = "work"
-    node.run(30)
+    _episode(node, state, 0, "work", 30)
     assert not inc.open
-    state["ep"] = 2
-    for pid in (11, 12):
-        node.procs[pid].look = "spin"
-    node.run(25)
+    _episode(node, state, 2, "spin", 25)
     state["read_at"], state["b"] = node.t + 0.5, [_dump(2, 39), stuck(3, 40)]
     node.run(3)
     node.pending_fr = [FrDump(pid=11 + r, rank=r, format="pickle", path=f"/fr/rank_{r}", dump=stuck(r, 40)) for r in (0, 1)]
