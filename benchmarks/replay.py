@@ -20,7 +20,7 @@ def main() -> None:
     events = 0
     span = 0.0
     wall = 0.0
-    for d in sorted(p for p in TRACES.glob("*/*") if (p / "trace.jsonl").exists()):
+    for d in sorted(p for p in TRACES.glob("*/*") if (p / "meta.json").exists()):
         r = TraceReader(d)
         n = sum(1 for _ in r.events())
         t = [float(r.meta.get("t_start") or 0), float(r.meta.get("t_end") or 0)]

@@ -8,11 +8,13 @@ point to. A reader ignores event kinds and fields it does not know.
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import math
 import os
 import types
 import typing
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Union
@@ -288,14 +290,23 @@ def _redact_dump(head: dict[str, Any], rows: list[dict[str, Any]], memo: dict[st
 # ---------------------------------------------------------------- events -> snapshots
 
 
+def events_file(root: Path) -> Path | None:
+    """The trace's events: ``trace.jsonl``, or ``trace.jsonl.gz`` (gzip; committed traces are
+    kept compressed, they shrink about 40 times)."""
+    for name in ("trace.jsonl", "trace.jsonl.gz"):
+        if (root / name).is_file():
+            return root / name
+    return None
+
+
 class TraceReader:
     """Reads a trace directory as a stream of snapshots, one per distinct sample time."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.root = Path(path)
         meta_path = self.root / "meta.json"
-        events_path = self.root / "trace.jsonl"
-        if not events_path.is_file():
+        events_path = events_file(self.root)
+        if events_path is None:
             raise TraceError(f"{self.root}: no trace.jsonl (is this a hangd trace directory?)")
         meta: Any = {}
         if meta_path.is_file():
@@ -332,7 +343,7 @@ class TraceReader:
     def events(self) -> Iterator[dict[str, Any]]:
         """The events in file order; raises TraceError at the first malformed line."""
         try:
-            f = self.events_path.open("rb")
+            f = gzip.open(self.events_path, "rb") if self.events_path.suffix == ".gz" else self.events_path.open("rb")
         except OSError as e:
             raise TraceError(f"{self.events_path}: {e.strerror}") from e
         with f:
@@ -341,8 +352,8 @@ class TraceReader:
                 n += 1
                 try:
                     raw = f.readline(MAX_LINE_BYTES + 1)
-                except OSError as e:
-                    raise TraceError(f"{self.events_path}:{n}: {e.strerror}") from e
+                except (OSError, EOFError, gzip.BadGzipFile, zlib.error) as e:
+                    raise TraceError(f"{self.events_path}:{n}: {getattr(e, 'strerror', None) or str(e)[:200]}") from e
                 if not raw:
                     return
                 if len(raw) > MAX_LINE_BYTES:

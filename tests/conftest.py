@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"
 TRACES = DATA / "traces" / "h200x2"
 WORKLOADS = ROOT / "tests" / "workloads"
-SHARED_TRACES = sorted(p.name for p in TRACES.iterdir() if (p / "trace.jsonl").exists())
+SHARED_TRACES = sorted(p.name for p in TRACES.iterdir() if (p / "meta.json").exists())
 BENIGN = ("idle_server", "compute", "train", "load", "graph_capture")
 PLANTED_SECRET = "hf_EXAMPLEsecret"
 

@@ -170,3 +170,29 @@ def test_fuzzed_bytes_are_read_or_refused(tmp_path, meta, body):
                                              "gpus", "sample_hz", "other"]), values, max_size=4))
 def test_fuzzed_meta_is_read_or_refused(tmp_path, meta):
     _read_all(write_trace(tmp_path / "meta", json.dumps(meta, allow_nan=True).encode(), OK))
+
+
+def _gz_trace(d: Path, events: bytes) -> Path:
+    import gzip
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "meta.json").write_bytes(META)
+    (d / "trace.jsonl.gz").write_bytes(gzip.compress(events))
+    return d
+
+
+def test_a_gzipped_trace_reads_as_the_plain_one(tmp_path):
+    """Committed traces are kept as trace.jsonl.gz: the same events come out."""
+    plain = list(TraceReader(write_trace(tmp_path / "plain", None, OK)).events())
+    assert plain and list(TraceReader(_gz_trace(tmp_path / "gz", OK)).events()) == plain
+
+
+@pytest.mark.parametrize("cut", ["truncated", "not_gzip"])
+def test_a_broken_gzipped_trace_is_a_trace_error(tmp_path, cut):
+    import gzip
+    d = _gz_trace(tmp_path / cut, OK * 50)
+    raw = (d / "trace.jsonl.gz").read_bytes()
+    (d / "trace.jsonl.gz").write_bytes(raw[: len(raw) // 2] if cut == "truncated" else b"not a gzip stream" + raw)
+    with pytest.raises(TraceError) as e:
+        TraceReader(d).check()
+    assert "\n" not in str(e.value)
+    assert gzip  # the module the reader uses for these files
