@@ -11,6 +11,7 @@ raises ``NVMLError_Timeout``. A value the recording lacks is an NVML error, neve
 from __future__ import annotations
 
 import ctypes
+import json
 from collections import Counter, deque
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,9 +19,11 @@ from typing import Any
 
 import pynvml
 
+from hangd.analysis.engine import Analyzer
+from hangd.replay import replay_result
 from hangd.snapshot import GpuSample, Snapshot
 from hangd.sources import nvml as nvml_source
-from hangd.trace import TraceReader
+from hangd.trace import TraceReader, TraceWriter
 
 H200_NVLINKS = 18
 
@@ -231,3 +234,29 @@ def through_nvml(trace: str | Path, fake: FakeNvml, src: nvml_source.NvmlSource,
             snap.gpus = fresh.gpus
             snap.unavailable.update(fresh.unavailable)
         yield snap
+
+
+def meta(trace: Path) -> dict[str, Any]:
+    return dict(json.loads((trace / "meta.json").read_text()))
+
+
+def analyze_through_nvml(monkeypatch: Any, trace: Path, inject: Any, record_to: Path | None = None,
+                         **src_kw: Any) -> tuple[dict[str, Any], list[Snapshot], FakeNvml]:
+    """A recorded trace analysed with its GPU readings taken again through hangd's NVML source
+    from a FakeNvml serving them plus what ``inject`` adds; with ``record_to``, recorded again
+    there (a trace of the same run, with what was injected). Returns the ``hangd replay --json``
+    result, the snapshots and the fake."""
+    fake = FakeNvml(meta(trace)["gpus"])
+    install(monkeypatch, fake)
+    an = Analyzer()
+    snaps = []
+    writer = TraceWriter(record_to, meta={"scenario": meta(trace).get("scenario")}) if record_to else None
+    for snap in through_nvml(trace, fake, nvml_source.NvmlSource(**src_kw), inject):
+        an.step(snap)
+        an.take_requests()
+        snaps.append(snap)
+        if writer is not None:
+            writer.write(snap)
+    if writer is not None:
+        writer.close()
+    return replay_result(an), snaps, fake

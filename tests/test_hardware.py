@@ -12,52 +12,27 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from hangd.analysis.engine import Analyzer
 from hangd.analysis.report import clock
 from hangd.replay import replay_result, run_replay
 from hangd.sources.nvml import NvmlSource
-from hangd.trace import TraceReader, TraceWriter
+from hangd.trace import TraceReader
 
 from .conftest import DATA, TRACES
-from .fake_nvml import FakeNvml, install, through_nvml
+from .fake_nvml import FakeNvml, analyze_through_nvml, install, meta, through_nvml
 
 NCCL_STALL = TRACES / "nccl_stall"  # rank r on GPU r; rank 1 stops calling collectives
 STRAGGLER = DATA / "traces" / "h200x2-live" / "straggler"  # rank r on GPU r; rank 1 sleeps before every step
 
 
-def _meta(trace: Path) -> dict:
-    return json.loads((trace / "meta.json").read_text())
+def uuid_of(trace: Path, index: int) -> str:
+    return next(g["uuid"] for g in meta(trace)["gpus"] if g["index"] == index)
 
 
-def _uuid(trace: Path, index: int) -> str:
-    return next(g["uuid"] for g in _meta(trace)["gpus"] if g["index"] == index)
-
-
-def _hung_at(trace: Path) -> float:
+def hung_at(trace: Path) -> float:
     return min(x["t"] for x in map(json.loads, (trace / "truth.jsonl").read_text().splitlines()) if x["state"] == "hung")
 
 
-def _analyze(monkeypatch, trace: Path, inject, record_to: Path | None = None, **src_kw):
-    """The trace's snapshots with their GPU readings taken through hangd's NVML source from a fake
-    NVML that serves the recorded readings plus what ``inject`` adds; optionally recorded again."""
-    fake = FakeNvml(_meta(trace)["gpus"])
-    install(monkeypatch, fake)
-    src = NvmlSource(**src_kw)
-    an = Analyzer()
-    snaps = []
-    writer = TraceWriter(record_to, meta={"scenario": _meta(trace).get("scenario")}) if record_to else None
-    for snap in through_nvml(trace, fake, src, inject):
-        an.step(snap)
-        an.take_requests()
-        snaps.append(snap)
-        if writer is not None:
-            writer.write(snap)
-    if writer is not None:
-        writer.close()
-    return replay_result(an), snaps, fake
-
-
-def _xid_once(index: int, code: int, at: float):
+def xid_once(index: int, code: int, at: float):
     posted: list[float] = []
 
     def inject(t: float, fake: FakeNvml) -> None:
@@ -72,9 +47,9 @@ def test_xid_before_a_hang_is_in_the_incident_on_the_gpu_that_raised_it(monkeypa
     """XID 79 on one GPU 4 s before the stall: the hang names that GPU, its uuid, the XID, what it
     means and when, relative to when that GPU's rank stopped progressing; the snapshot and the
     recorded trace carry it on that GPU (not GPU 0 by default); a replay of the recording agrees."""
-    inject, posted = _xid_once(gpu, 79, _hung_at(NCCL_STALL) - 4)
-    res, snaps, _ = _analyze(monkeypatch, NCCL_STALL, inject, record_to=tmp_path / "rec")
-    uuid, other = _uuid(NCCL_STALL, gpu), _uuid(NCCL_STALL, 1 - gpu)
+    inject, posted = xid_once(gpu, 79, hung_at(NCCL_STALL) - 4)
+    res, snaps, _ = analyze_through_nvml(monkeypatch, NCCL_STALL, inject, record_to=tmp_path / "rec")
+    uuid, other = uuid_of(NCCL_STALL, gpu), uuid_of(NCCL_STALL, 1 - gpu)
 
     carried = [(g.index, g.uuid, g.xid) for s in snaps for g in s.gpus if g.xid]
     assert carried == [(gpu, uuid, [{"xid": 79, "t": round(posted[0], 3)}])]
@@ -105,7 +80,7 @@ def test_xid_before_a_hang_is_in_the_incident_on_the_gpu_that_raised_it(monkeypa
 def test_a_gpu_that_fell_off_the_bus_is_still_named_with_its_xid(monkeypatch):
     """After XID 79 the GPU answers nothing (GPU_IS_LOST): its reading carries only the XID, and the
     hang still names it and its rank, from the GPU that rank was last seen on."""
-    at = _hung_at(NCCL_STALL) - 4
+    at = hung_at(NCCL_STALL) - 4
     lost: list[float] = []
 
     def inject(t: float, fake: FakeNvml) -> None:
@@ -114,14 +89,14 @@ def test_a_gpu_that_fell_off_the_bus_is_still_named_with_its_xid(monkeypatch):
             fake.post_xid(1, 79)
             fake.lost.add(1)
 
-    res, snaps, _ = _analyze(monkeypatch, NCCL_STALL, inject)
+    res, snaps, _ = analyze_through_nvml(monkeypatch, NCCL_STALL, inject)
     after = [s for s in snaps if s.gpus and s.t >= lost[0]]
     assert all("nvml:1" in s.unavailable for s in after)
     (gone,) = [g for g in after[0].gpus if g.index == 1]
     assert gone.xid and gone.xid[0]["xid"] == 79 and gone.util_gpu is None and gone.mem_used is None
     hangs = [i for i in res["incidents"] if i["kind"] in ("nccl_stall", "host_stall")]
     assert hangs, res["incidents"]
-    assert f"GPU 1 ({_uuid(NCCL_STALL, 1)}) reported XID 79 (GPU has fallen off the bus)" in hangs[0]["summary"]
+    assert f"GPU 1 ({uuid_of(NCCL_STALL, 1)}) reported XID 79 (GPU has fallen off the bus)" in hangs[0]["summary"]
     assert hangs[0]["evidence"]["hardware"]["xids"][0]["ranks"] == [1]
 
 
@@ -136,17 +111,17 @@ def test_a_throttled_straggler_says_so_and_only_for_its_gpu(monkeypatch, gpu):
     def inject(t: float, fake: FakeNvml) -> None:
         fake.extra_reasons[gpu] = THROTTLE
 
-    res, snaps, _ = _analyze(monkeypatch, STRAGGLER, inject)
+    res, snaps, _ = analyze_through_nvml(monkeypatch, STRAGGLER, inject)
     assert all({"sw_power_cap", "hw_thermal_slowdown"} <= set(g.clock_events or ())
                for s in snaps for g in s.gpus if g.index == gpu)
     (inc,) = [i for i in res["incidents"] if i["kind"] == "straggler"]
     assert inc["culprit_ranks"] == [1]
     th = inc["evidence"]["hardware"]["throttle"]
     assert set(th[str(gpu)]["reasons"]) == {"hw_thermal_slowdown", "sw_power_cap"}
-    assert th[str(gpu)]["throttled_fraction"] == 1.0 and th[str(gpu)]["uuid"] == _uuid(STRAGGLER, gpu)
+    assert th[str(gpu)]["throttled_fraction"] == 1.0 and th[str(gpu)]["uuid"] == uuid_of(STRAGGLER, gpu)
     assert th[str(1 - gpu)]["throttled_fraction"] < 0.1
     if gpu == 1:
-        assert (f"GPU 1 ({_uuid(STRAGGLER, 1)}) was throttled (SW power cap, HW thermal slowdown) in 100% of its "
+        assert (f"GPU 1 ({uuid_of(STRAGGLER, 1)}) was throttled (SW power cap, HW thermal slowdown) in 100% of its "
                 "readings over the last 60 s while rank 1 straggled; the GPUs of the ranks waiting for it were not"
                 ) in inc["summary"], inc["summary"]
     else:
@@ -163,7 +138,7 @@ def test_health_is_read_at_a_low_rate_and_a_failing_call_is_unknown_logged_once(
         fake.fail["nvmlDeviceGetRemappedRows"] = pynvml.NVML_ERROR_UNKNOWN
         fake.ecc = {0: (3, 0), 1: (0, 2)}
 
-    _, snaps, fake = _analyze(monkeypatch, STRAGGLER, inject, health_every=20)
+    _, snaps, fake = analyze_through_nvml(monkeypatch, STRAGGLER, inject, health_every=20)
     gpus = [g for s in snaps for g in s.gpus]
     ticks = len([s for s in snaps if s.gpus])
     assert all(g.remap_pending is None and g.remap_failure is None for g in gpus)
@@ -174,7 +149,7 @@ def test_health_is_read_at_a_low_rate_and_a_failing_call_is_unknown_logged_once(
     failed = [r for r in caplog.records if "remapped_rows failed" in r.getMessage()]
     assert sorted(r.getMessage()[:5] for r in failed) == ["GPU 0", "GPU 1"]
 
-    fake2 = FakeNvml(_meta(STRAGGLER)["gpus"])
+    fake2 = FakeNvml(meta(STRAGGLER)["gpus"])
     fake2.fail["nvmlDeviceGetTotalEccErrors"] = pynvml.NVML_ERROR_NOT_SUPPORTED
     install(monkeypatch, fake2)
     snaps2 = list(through_nvml(STRAGGLER, fake2, NvmlSource(health_every=20)))
