@@ -13,7 +13,9 @@ reading of the GPU that raised them, stamped with the time hangd read them (NVML
 time). Clock-event (throttle) reasons are read every tick and decoded here, with pynvml's
 constants. ECC error counts, remapped rows and NVLink error counters change rarely and are read
 every ``health_every`` ticks, the last value carried between reads; a call that fails is logged
-once and its value is unknown (None), never 0.
+once and its value is unknown (None), never 0. Measured on H200 (driver 580): ECC counts, remapped
+rows and clock-event reasons < 0.003 ms a call, a wait-0 event read 0.02 ms; on a GPU without
+NVLink every link answers NOT_SUPPORTED (0.34 ms for all 36, once) and NVLink is not read again.
 """
 
 from __future__ import annotations
