@@ -166,3 +166,22 @@ def test_traces_without_the_health_fields_read_them_as_unknown():
     an, _ = run_replay(str(STRAGGLER))
     (inc,) = [i for i in replay_result(an)["incidents"] if i["kind"] == "straggler"]
     assert "hardware" not in inc["evidence"] and "throttled" not in inc["summary"]
+
+
+def test_what_is_kept_of_gpus_and_xids_is_bounded():
+    """A node that starts jobs all day: which GPU each process used and the XIDs are kept for
+    ``KEEP_S`` and for at most ``MAX_PIDS`` processes; an XID's count on /metrics stays."""
+    from hangd.analysis.hardware import KEEP_S, MAX_PIDS, HardwareLog
+    from hangd.snapshot import GpuProc, GpuSample, Snapshot
+
+    log = HardwareLog()
+    t = 1.0e9
+    for i in range(3 * MAX_PIDS):
+        t += 0.01  # 100 new processes a second
+        xid = [{"xid": 31, "t": t}] if i == 0 else None
+        log.feed(Snapshot(t=t, gpus=[GpuSample(index=0, uuid="GPU-a", procs=[GpuProc(pid=10_000 + i, used=1)], xid=xid)]))
+        assert len(log.pid_gpus) <= MAX_PIDS + 1
+    assert log.gpus_of(10_000 + 3 * MAX_PIDS - 1) == [0]
+    log.feed(Snapshot(t=t + KEEP_S + 61, gpus=[GpuSample(index=0, uuid="GPU-a")]))
+    assert not log.pid_gpus and not log.xids
+    assert log.totals == {(0, "GPU-a", 31): 1}

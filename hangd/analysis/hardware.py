@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 XID_LOOKBACK_S = 300.0  # an XID this long before a rank stopped progressing may be why
 KEEP_S = 900.0  # how long XIDs and which GPU each process used are remembered
+MAX_PIDS = 4096  # ... and for at most this many processes (a node that starts jobs all day)
 THROTTLED_FRACTION = 0.1  # throttled in at least this share of the readings: worth saying
 SEVERITIES = ("fatal", "error", "warning", "info", "unknown")
 
@@ -102,7 +103,7 @@ class HardwareLog:
                 self.xids.append(XidSeen(at, g.index, uuid, code))
                 key = (g.index, uuid or "", code)
                 self.totals[key] = self.totals.get(key, 0) + 1
-        if t - self._pruned > 60.0:
+        if t - self._pruned > 60.0 or len(self.pid_gpus) > MAX_PIDS:
             self._pruned = t
             while self.xids and t - self.xids[0].t > self.keep_s:
                 self.xids.popleft()
@@ -111,6 +112,10 @@ class HardwareLog:
                 if seen:
                     self.pid_gpus[pid] = seen
                 else:
+                    del self.pid_gpus[pid]
+            if len(self.pid_gpus) > MAX_PIDS:  # the ones seen longest ago go first
+                by_age = sorted(self.pid_gpus, key=lambda p: max(self.pid_gpus[p].values()))
+                for pid in by_age[: len(by_age) - MAX_PIDS // 2]:
                     del self.pid_gpus[pid]
 
     def gpus_of(self, pid: int) -> list[int]:
