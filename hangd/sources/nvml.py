@@ -305,7 +305,10 @@ class NvmlSource:
                 try:
                     if pynvml.nvmlDeviceGetNvLinkState(gpu.handle, link) == pynvml.NVML_FEATURE_ENABLED:
                         gpu.nvlinks.append(link)
-                except pynvml.NVMLError:
+                except pynvml.NVMLError as e:
+                    if getattr(e, "value", None) == pynvml.NVML_ERROR_GPU_IS_LOST:
+                        gpu.nvlinks = None
+                        raise
                     continue  # a link this GPU does not have
             if not gpu.nvlinks:
                 gpu.unsupported.add("nvlink_errors")
