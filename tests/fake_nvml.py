@@ -60,7 +60,7 @@ class FakeNvml:
         """The driver posts an XID on a GPU (what ``nvidia-smi`` and dmesg's NVRM line also show)."""
         self._events.append((index, code))
 
-    # ------------------------------------------------------------------ helpers
+    # ------------------------------------------------------------------ internals
 
     def _call(self, name: str) -> None:
         self.calls[name] += 1
