@@ -19,7 +19,7 @@ import logging
 from collections import deque
 from typing import Any
 
-from hangd.analysis import local, rankstate, report, stackcat
+from hangd.analysis import hardware, local, rankstate, report, stackcat
 from hangd.analysis.detectors import Env, exits, hang, mismatch, orphan, straggler
 from hangd.analysis.identity import Job, group_jobs
 from hangd.analysis.local import REQUEST_WCHANS, Context, classify
@@ -251,7 +251,8 @@ class Analyzer:
             out.append({"index": idx, "uuid": g.uuid, "name": g.name, "util_gpu": g.util_gpu, "util_mem": g.util_mem,
                         "mem_used": g.mem_used, "mem_total": g.mem_total,
                         "power_w": g.power_mw / 1000 if g.power_mw is not None else None, "temp_c": g.temp_c,
-                        "sm_clock": g.sm_clock, "gpm": g.gpm, "processes": [{"pid": p.pid, "used": p.used} for p in g.procs]})
+                        "sm_clock": g.sm_clock, "gpm": g.gpm, "processes": [{"pid": p.pid, "used": p.used} for p in g.procs],
+                        **hardware.gpu_record(self.view.hw, idx, g, self.view.t)})
         return out
 
     # ------------------------------------------------------------------ evidence arriving

@@ -14,6 +14,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
+from hangd.analysis.hardware import HardwareLog
 from hangd.snapshot import FileSample, GpuSample, ProcInfo, ProcSample, Snapshot, StackSample
 
 COMPILE_COMMS = re.compile(r"^(ptxas|cc1|cc1plus|nvcc|cicc|gcc|g\+\+|clang|ld|as|ninja|compile_worker|triton)", re.I)
@@ -204,6 +205,7 @@ class NodeView:
         self.compile_children: dict[int, int] = {}
         self.log_ranks: dict[int, int] = {}  # pid -> rank from torch's "[rankN]" log prefix
         self.writers: dict[str, int] = {}  # log file -> how many live watched processes write to it
+        self.hw = HardwareLog()  # XIDs and which GPU each process used, kept longer than the readings
 
     def feed(self, snap: Snapshot) -> None:
         t = snap.t
@@ -211,6 +213,7 @@ class NodeView:
         self.new_stacks = []
         if snap.gpus:
             self.gpu_of = {}
+            self.hw.feed(snap)
         for g in snap.gpus:
             dq = self.gpus.setdefault(g.index, deque(maxlen=1200))
             dq.append((t, g))

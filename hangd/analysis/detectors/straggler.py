@@ -5,6 +5,7 @@ in the making, not a straggler."""
 
 from __future__ import annotations
 
+from hangd.analysis import hardware
 from hangd.analysis.detectors import Env
 from hangd.analysis.views import JobView
 from hangd.incidents import IncidentKind
@@ -63,6 +64,11 @@ def step(env: Env, jv: JobView) -> None:
                        f"of the last {th.straggler_window_s:.0f} s while the job still progressed")
         inc.evidence = {"wait_seconds_by_rank": {str(job.ranks[p]): n for p, n in blamed.items()},
                         "culprit": {str(job.ranks[p]): jv.readings[p].why for p in worst if p in jv.readings}}
+        hw_parts, hw_ev = hardware.straggler(env.view, jv, order, th.straggler_window_s)
+        if hw_parts:
+            inc.summary += ". " + ". ".join(hw_parts)
+        if hw_ev:
+            inc.evidence["hardware"] = hw_ev
         env.book.touch(inc, t, f"culprit ranks {inc.culprit_ranks}")
     elif not live or tr.hung or not tr.blame or t - tr.blame[-1][0] > th.straggler_quiet_after_s:
         env.book.resolve(inc, t, "the job is gone or hung" if not live or tr.hung else
