@@ -538,20 +538,19 @@ class Analyzer:
         waiting, serving = jv.waiting, jv.serving
         hinc = self.book.get(job.id, hang.FAMILY)
         hung_why = ""
+        hung_ref = f" (incident #{hinc.id} {hinc.kind})" if hinc else ""
         if tr.hung:
-            hung_why = (f"job hung: no rank has progressed for {jv.quiet:.0f} s"
-                        + (f" (incident #{hinc.id} {hinc.kind})" if hinc else ""))
+            hung_why = f"job hung: no rank has progressed for {jv.quiet:.0f} s"
         exited = hinc is not None and hinc.kind == "rank_exited" and not tr.hung
         if exited:
             assert hinc is not None
-            hung_why = (f"job hung: rank {', '.join(map(str, hinc.culprit_ranks))} exited and the others wait for it "
-                        f"(incident #{hinc.id} {hinc.kind})")
+            hung_why = f"job hung: rank {', '.join(map(str, hinc.culprit_ranks))} exited and the others wait for it"
         idle, idle_why = self._idle_server(jv)
         # a pattern: at least two earlier waits in the window (one earlier blip is not one)
         recurring = tr.episode is not None and sum(
             1 for tt, c in tr.episodes
             if tr.episode_start - th.straggler_window_s <= tt < tr.episode_start - 0.5 and c == tr.episode) >= 2
-        return {"hung": tr.hung, "exited": exited, "hung_why": hung_why, "idle": idle, "idle_why": idle_why,
+        return {"hung": tr.hung, "exited": exited, "hung_why": hung_why, "hung_ref": hung_ref, "idle": idle, "idle_why": idle_why,
                 "hold": bool(waiting) and not recurring and t - tr.episode_start < th.hang_gpu_s,
                 "waiting": waiting, "serving": serving}
 
@@ -606,7 +605,7 @@ class Analyzer:
             local=loc, why=why, progress=progress, how=how, waits_on=waits_on, waits_detail=detail,
             started=p.started, first_evidence=self._first_evidence(pid, jv), previous=p.state, why_previous=p.reason,
             orphaned=orphaned, orphan_why=orphan.reason(self.view, pid) if orphaned else "",
-            job_hung=job_hung, hung_why=facts["hung_why"],
+            job_hung=job_hung, hung_why=facts["hung_why"], hung_ref=facts["hung_ref"], age_s=s.age_s,
             idle_server=facts["idle"] and not worker_stuck, idle_why=facts["idle_why"],
             hold=facts["hold"], peers_wait_for_it=peers_wait, it_waits_for=it_waits_for)
 

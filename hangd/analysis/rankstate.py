@@ -67,6 +67,8 @@ class Evidence:
     orphan_why: str = ""
     job_hung: bool = False  # the job is judged hung (a hang incident, or a rank exited and the rest wait)
     hung_why: str = ""
+    hung_ref: str = ""  # the incident that says so (" (incident #3 nccl_stall)")
+    age_s: float = 0.0
     idle_server: bool = False  # the job serves and no request is in: nobody works, the waits end
     idle_why: str = ""
     hold: bool = False  # a first wait, younger than the hang threshold and not a pattern: keep the state
@@ -96,7 +98,7 @@ def _orphaned(e: Evidence) -> str | None:
 def _hung(e: Evidence) -> str | None:
     if not e.job_hung:
         return None
-    return f"{e.hung_why}; this rank: {e.why}" + (f"; it waits for {e.waits_detail}" if e.waits_detail else "")
+    return f"{e.hung_why}; this rank: {e.why}" + (f"; it waits for {e.waits_detail}" if e.waits_detail else "") + e.hung_ref
 
 
 def _idle_server(e: Evidence) -> str | None:
@@ -106,7 +108,7 @@ def _idle_server(e: Evidence) -> str | None:
 
 
 def _setting_up(e: Evidence) -> str | None:
-    return None if e.started or e.first_evidence else f"still setting up: {e.why}"
+    return None if e.started or e.first_evidence else f"started {e.age_s:.0f} s ago and still setting up: {e.why}"
 
 
 def _hold(e: Evidence) -> str | None:
