@@ -550,8 +550,15 @@ class Analyzer:
         recurring = tr.episode is not None and sum(
             1 for tt, c in tr.episodes
             if tr.episode_start - th.straggler_window_s <= tt < tr.episode_start - 0.5 and c == tr.episode) >= 2
+        # a rank the waiting ones wait for is working: they wait for a peer that works
+        peer_works = any((x := self.progress.of(o).last_strong) is not None and x > tr.episode_start
+                         and t - x <= th.progress_recent_s for o in jv.live if o not in waiting)
         return {"hung": tr.hung, "exited": exited, "hung_why": hung_why, "hung_ref": hung_ref, "idle": idle, "idle_why": idle_why,
-                "hold": bool(waiting) and not recurring and t - tr.episode_start < th.hang_gpu_s,
+                # a wait read off the GPU may be a blip; any wait while nothing moves may be a hang in
+                # the making; a wait for a peer that works is waiting_peer at once
+                "hold": bool(waiting) and not recurring and (
+                    (bool(jv.spinning) and t - tr.episode_start < th.hang_gpu_s)
+                    or (not peer_works and jv.quiet < 2 * th.hang_host_s)),
                 "waiting": waiting, "serving": serving}
 
     def _idle_server(self, jv: JobView) -> tuple[bool, str]:
@@ -701,6 +708,8 @@ class Analyzer:
         p.quiet_since = (p.quiet_since if p.quiet_since is not None else t) if asleep else None
         working = loc in (Local.LOADING, Local.WRITING, Local.IO_WAIT, Local.CPU, Local.BUSY)
         p.working_since = (p.working_since if p.working_since is not None else t) if working else None
+        if loc == Local.WAITING and p.verdict.kind == "store":
+            return False  # the rendezvous of its start-up: still setting up (a hang says itself)
         if loc in (Local.SERVING, Local.SPINNING, Local.WAITING, Local.WORKER_WAIT, Local.GRAPH_CAPTURE,
                    Local.COMPILING, Local.STOPPED):
             return True

@@ -22,11 +22,9 @@ from ..conftest import DATA
 MORE = DATA / "traces" / "h200x2-more"
 NAMES = sorted(p.name for p in MORE.iterdir() if (p / "expect.json").exists())
 BAR = 0.95
-BELOW_BAR = {"ckpt_straggler": 0.89, "compile": 0.83, "hf_gloo_handshake": 0.89, "hf_slow_shards": 0.47,
-             "sgl_silent_draft": 0.90, "store_wait": 0.94}
-# hf_slow_shards: the loader's peer waits in a barrier host-side while the loader sleeps between
-# reads; the barrier's wait reads as a hang after 12 s (a false host_stall)
-EXPECT_GAPS = {"hf_slow_shards": {"hang"}}
+BELOW_BAR = {"ckpt_straggler": 0.89, "compile": 0.83, "hf_gloo_handshake": 0.89, "hf_slow_shards": 0.94,
+             "sgl_silent_draft": 0.90}
+EXPECT_GAPS: dict[str, set[str]] = {}
 _cache: dict[str, dict] = {}
 
 
