@@ -64,11 +64,14 @@ bench: $(VENV)/.test-installed
 	$(BIN)/python -m benchmarks.procread
 
 # Install as a systemd service (run as root): a venv in $(PREFIX), the unit, an env file example.
+# EXTRAS=postgres also installs the PostgreSQL driver, for a fleet's shared database:
+#   make install EXTRAS=postgres
 PREFIX ?= /opt/hangd
+EXTRAS ?=
 install:
 	$(PYTHON) -m venv $(PREFIX)/venv
 	$(PREFIX)/venv/bin/pip install -q --upgrade pip
-	$(PREFIX)/venv/bin/pip install -q .
+	$(PREFIX)/venv/bin/pip install -q '.$(if $(EXTRAS),[$(EXTRAS)])'
 	install -d $(PREFIX)/share/doc /etc/hangd
 	install -m 0644 docs/operator-guide.md $(PREFIX)/share/doc/operator-guide.md
 	install -m 0644 deploy/systemd/hangd.service /etc/systemd/system/hangd.service
