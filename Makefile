@@ -41,7 +41,7 @@ test: deps $(VENV)/.test-installed
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 lint: $(VENV)/.test-installed
-	$(BIN)/ruff check hangd tests benchmarks
+	$(BIN)/ruff check hangd migrations tests benchmarks
 	$(BIN)/mypy
 
 # Mutation testing of the files in [tool.mutmut] only_mutate (pyproject.toml); see docs/testing.md.
