@@ -130,6 +130,9 @@ def record(conn: Connection, cfg: Any) -> None:
     t = cast(Table, SchemaRevision.__table__)
     heads = _heads(conn)
     applied = list(_script(cfg).iterate_revisions(heads, "base")) if heads else []
+    rows = {s.revision: oldest_hangd(s.module) for s in applied}
+    if {r.revision: r.oldest_hangd for r in conn.execute(select(t.c.revision, t.c.oldest_hangd))} == rows:
+        return  # as written before: a start with nothing to migrate writes nothing (a locked file stays readable)
     conn.execute(t.delete())
-    if applied:
-        conn.execute(t.insert(), [{"revision": s.revision, "oldest_hangd": oldest_hangd(s.module)} for s in applied])
+    if rows:
+        conn.execute(t.insert(), [{"revision": r, "oldest_hangd": v} for r, v in rows.items()])
