@@ -110,8 +110,9 @@ def test_installed_wheel_ships_the_migrations_and_runs_them(wheel, tmp_path):
     assert "hangd/migrations/env.py" in names and "hangd/migrations/script.py.mako" in names, names
     versions = sorted(p.name for p in (ROOT / "migrations" / "versions").glob("*.py"))
     assert versions and all(f"hangd/migrations/versions/{v}" in names for v in versions), names
-    # every module of the source tree is in the wheel: a package missing from it fails here
-    sources = {p.relative_to(ROOT).as_posix() for p in (ROOT / "hangd").rglob("*.py")}
+    # every module and data file of the source tree is in the wheel: a package or file left out fails here
+    sources = {p.relative_to(ROOT).as_posix() for p in (ROOT / "hangd").rglob("*")
+               if p.is_file() and "__pycache__" not in p.parts}
     assert sources <= set(names), sorted(sources - set(names))
     assert not any(n.startswith("migrations/") for n in names), "the migrations install inside hangd, not at the top"
 
