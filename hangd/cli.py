@@ -89,7 +89,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         if name != "nvml":
             _warn(f"source {name} {why}")
     if st["daemon"]["error"]:
-        _warn(st["daemon"]["error"] + " (its open incidents are not shown)")
+        what, hint, todo = st["daemon"]["error"].partition(" HINT: ")
+        _warn(f"{what} (its open incidents are not shown){hint}{todo}")
     if args.json:
         _dump(st)
     else:
@@ -99,7 +100,10 @@ def cmd_status(args: argparse.Namespace) -> int:
               "HINT: run hangd on the node where the GPU job runs (see the operator guide: "
               "\"hangd says it cannot see GPUs\")")
         return exitcodes.CANNOT_RUN
-    return exitcodes.FOUND if status_found(st) else exitcodes.OK
+    if status_found(st):
+        return exitcodes.FOUND
+    # nothing found by this look, and the daemon that has watched all along was not asked: not all clear
+    return exitcodes.OK if st["daemon"]["answered"] else exitcodes.NO_DAEMON
 
 
 def cmd_record(args: argparse.Namespace) -> int:
@@ -206,7 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
         "One look at the node now: every GPU, every GPU process / rank, its state and why, and the open\n"
         "incidents of this node's hangd serve (asked at the listen setting; a look of a few seconds cannot\n"
         "see a hang itself). Exit 1 when an incident is open or a job is hung; 3 when no GPU can be seen\n"
-        "and no job runs.",
+        "and no job runs; 4 when nothing is found but hangd serve did not answer (one line on stderr\n"
+        "says at which address): its incidents are unknown, not none.",
         "  hangd status\n  hangd status --seconds 5\n  hangd status --json | jq '.processes[] | {pid, state}'"))
     st.add_argument("--json", action="store_true", help="one JSON document instead of the table, e.g. hangd status --json")
     st.add_argument("--seconds", type=seconds_arg(0, 3600), default=2.0, metavar="S",

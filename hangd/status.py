@@ -37,8 +37,9 @@ def daemon_incidents(settings: Settings, timeout: float = 2.0) -> dict[str, Any]
     """The incidents open in this node's own daemon (``hangd serve`` at the ``listen`` setting).
 
     A one-shot look of a few seconds cannot see a hang (that takes 10 s and more without progress);
-    the daemon has watched the jobs all along. Returns ``{"url", "answered", "error", "incidents"}``:
-    no daemon listening is not an error (``answered`` false, ``error`` None)."""
+    the daemon has watched the jobs all along. Returns ``{"url", "answered", "error", "incidents"}``;
+    a daemon that does not answer (none listening, too slow, refusing) has ``answered`` false and
+    ``error`` saying why: its incidents are unknown, not none (``hangd status`` exits 4)."""
     host, port = settings.host_port()
     host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
     base = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
@@ -60,8 +61,10 @@ def daemon_incidents(settings: Settings, timeout: float = 2.0) -> dict[str, Any]
         return out
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", e)
-        if isinstance(reason, ConnectionRefusedError):
-            return out  # no daemon on this node: nothing to add
+        if isinstance(reason, ConnectionRefusedError):  # none listens: say so, "no incident" would read as all clear
+            out["error"] = (f"hangd serve at {base} did not answer: connection refused HINT: start it (systemctl "
+                            "start hangd, or hangd serve), or set listen (HANGD_LISTEN) to where it listens")
+            return out
         out["error"] = f"hangd serve at {base} did not answer: {reason}"
         return out
     except ValueError as e:

@@ -120,6 +120,8 @@ def _run(s: Settings, sock: socket.socket, token: str | None, loopback: bool, te
                       node_stale_s=s.node_stale_s)
     except StoreInUse as e:
         raise ServeError(str(e)) from e
+    except CannotRun:  # the database driver is not installed, the schema is newer than this hangd runs on
+        raise
     except Exception as e:  # noqa: BLE001 - one line for the operator, not a traceback
         raise db_error(s.db, e) from e
     try:
@@ -166,6 +168,8 @@ def cmd_db(args: argparse.Namespace) -> int:
             upgrade(s.db, args.revision)
         else:
             downgrade(s.db, args.revision)
+    except CannotRun:  # the database driver is not installed, the schema is newer than this hangd runs on
+        raise
     except Exception as e:  # noqa: BLE001 - one line for the operator, not a traceback
         raise db_error(s.db, e) from e
     where = _shown_db(s.db)  # never print a password of the URL

@@ -55,14 +55,16 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, defer, sessionmaker
 from sqlalchemy.pool import NullPool
 
+from hangd.exitcodes import CannotRun
 from hangd.flightrec import rows as frrows
 from hangd.incidents import FAMILY
 from hangd.redact import redact_obj, redact_text
 from hangd.snapshot import RemoteDump, RemoteRank
 from hangd.store import models as m
+from hangd.store import schema
 
 log = logging.getLogger("hangd.store")
-MIGRATIONS = Path(__file__).resolve().parent / "migrations"
+MIGRATIONS = schema.migrations_dir()
 MAX_PENDING = 20_000
 FILE_CHECK_EVERY_S = 2.0
 LOCK_CHECK_EVERY_S = 10.0
@@ -128,6 +130,7 @@ def _keep_only(rows: dict[Any, Any], listed: set[Any]) -> None:
 
 
 def make_engine(url: str) -> Engine:
+    schema.require_driver(url)  # a driver not installed: one line saying what to install
     if url.startswith("sqlite:///") and not url.startswith("sqlite:///:memory:"):
         path = url[len("sqlite:///"):]
         if path:
@@ -161,7 +164,7 @@ def _alembic(url: str, action: str, revision: str) -> None:
 
     eng = make_engine(url)
     cfg = Config()
-    # the migrations ship inside the package, so an installed hangd (pip install .) has them too
+    # the migrations ship inside the package (hangd.migrations), so an installed hangd has them too
     cfg.set_main_option("script_location", str(MIGRATIONS))
     cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
     try:
@@ -172,7 +175,10 @@ def _alembic(url: str, action: str, revision: str) -> None:
                 # tables at once, and all but one fail on PostgreSQL's catalog (pg_type) unique index.
                 conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATION_LOCK})
             cfg.attributes["connection"] = conn
-            getattr(command, action)(cfg, revision)
+            # a newer hangd migrated past what this one knows: serve on it if declared runnable, or refuse
+            if not (action == "upgrade" and revision == "head" and schema.serve_newer(conn, cfg, url)):
+                getattr(command, action)(cfg, revision)
+                schema.record(conn, cfg)
     except CommandError as e:
         raise MigrationError(f"{action} to {revision!r}: {str(e).splitlines()[0]}") from e
     finally:
@@ -209,6 +215,8 @@ def upgrade_apart(url: str) -> None:
     except subprocess.TimeoutExpired as e:
         raise MigrationFailed(f"(TimeoutExpired) the migration did not finish in {MIGRATE_APART_TIMEOUT_S} s") from e
     if r.returncode == 0:
+        for line in r.stderr.strip().splitlines()[-5:]:  # what it warned of: a schema newer than this hangd
+            log.warning("%s", redact_text(line))
         return
     try:
         err = json.loads(r.stdout.strip().splitlines()[-1])
@@ -217,6 +225,8 @@ def upgrade_apart(url: str) -> None:
         raise MigrationFailed(f"(migration) {redact_text(tail)[:300]}") from None
     if err["error"] == "migration":
         raise MigrationError(err["message"])
+    if err["error"] == "cannot_run":
+        raise CannotRun(err["message"])
     raise MigrationFailed(f"({err['type']}) {err['message']}")
 
 
@@ -226,6 +236,9 @@ def _upgrade_child() -> int:
         upgrade(url)
     except MigrationError as e:
         print(json.dumps({"error": "migration", "message": str(e)}))
+        return 1
+    except CannotRun as e:  # a schema newer than this hangd can run on, a driver not installed
+        print(json.dumps({"error": "cannot_run", "message": str(e)}))
         return 1
     except (SQLAlchemyError, OSError) as e:
         print(json.dumps({"error": "database", "type": type(e).__name__, "message": str(e)}))
@@ -345,6 +358,7 @@ class Store:
         ``heartbeat_s``, ``node_stale_s``: for a shared (PostgreSQL) database, how often this node
         says it is alive, and how old another node's last word may be before it counts as stopped.
         ``register``: False for a reader (``hangd status --job``) that is no node of the fleet."""
+        schema.require_driver(url)  # before the lock and the migrations, which need it too
         self.url = url
         self.shared = url.startswith("postgresql")
         # a node's own row moves with the heartbeat; the rows of its processes, jobs and GPUs only

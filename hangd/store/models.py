@@ -178,3 +178,12 @@ class FrEntry(Base):
     input_dtypes: Mapped[list[Any]] = mapped_column(JSON, default=list)
     output_sizes: Mapped[list[Any]] = mapped_column(JSON, default=list)
     time_created_ns: Mapped[int | None] = mapped_column(BigInteger)
+
+
+class SchemaRevision(Base):
+    """A migration applied, and the oldest hangd release that can run on the schema it leaves
+    (written by the hangd that migrated; read by an older one: hangd/store/schema.py)."""
+
+    __tablename__ = "hangd_schema"
+    revision: Mapped[str] = mapped_column(String(32), primary_key=True)
+    oldest_hangd: Mapped[str] = mapped_column(String(32))
