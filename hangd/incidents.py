@@ -88,7 +88,8 @@ class Incident:
             "pids": self.pids, "ranks": self.ranks, "culprit_pids": self.culprit_pids,
             "culprit_ranks": self.culprit_ranks, "summary": self.summary_with_who(), "next_step": self.next_step,
             "evidence": {**self.evidence, "who": self.who} if self.who else self.evidence,
-            "findings": self.findings, "timeline": self.timeline, "acked": self.acked, "who": self.who,
+            "findings": self.findings, "timeline": self.timeline, "acked": self.acked,
+            **({"who": self.who} if self.who else {}),
         }
 
     def summary_with_who(self) -> str:

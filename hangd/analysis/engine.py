@@ -232,9 +232,10 @@ class Analyzer:
             out.append({"job": job.id, "name": job.name, "state": str(state), "ranks": {str(r): p for p, r in job.ranks.items()},
                         "rank_from": {str(r): job.rank_source.get(p) for p, r in job.ranks.items()},
                         "identity": job.key_parts, "world_size": job.world_size, "launcher": job.launcher,
-                        "last_progress": round(max(lasts), 3) if lasts else None, "who": job.who,
+                        "last_progress": round(max(lasts), 3) if lasts else None,
                         # only for a job with ranks on other nodes: a single node's views stay as they were
-                        **({"spans_nodes": job.spans_nodes} if job.spans_nodes else {})})
+                        **({"spans_nodes": job.spans_nodes} if job.spans_nodes else {}),
+                        **({"who": job.who} if job.who else {})})  # owner, Slurm job, pod: where known
         return out
 
     job_states = jobs  # the older name
