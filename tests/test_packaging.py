@@ -59,7 +59,7 @@ def test_installed_wheel_ships_the_migrations_and_runs_them(tmp_path):
     assert out.returncode == 0, out.stderr
     assert {"alembic_version", "incidents", "nodes"} <= _tables(db)
     with sqlite3.connect(db) as c:
-        assert c.execute("SELECT version_num FROM alembic_version").fetchall() == [("0006",)]
+        assert c.execute("SELECT version_num FROM alembic_version").fetchall() == [("0007",)]
     out = hangd("db", "downgrade", "base", "--db", url)
     assert out.returncode == 0, out.stderr
     assert _tables(db) <= {"alembic_version"}

@@ -5,16 +5,17 @@ A JSON column ``who`` on jobs and on incidents: the owner of the job's processes
 why the name is unknown). Additive and nullable: a hangd that does not know it leaves it alone,
 and rows written before it read as unknown.
 
-Revision ID: 0006
+Revision ID: 0007
 Revises: 0005
 """
 import sqlalchemy as sa
 from alembic import op
 
-revision = '0006'
+revision = '0007'
 down_revision = '0005'
 branch_labels = None
 depends_on = None
+oldest_hangd = '0.1.0'  # the oldest hangd release that runs on this schema: the columns are new and nullable
 
 
 def upgrade() -> None:
