@@ -169,6 +169,10 @@ class Settings(BaseSettings):
     token_file: str | None = None
     proc_root: Annotated[str, Field(min_length=1)] = "/proc"
     job_env: Annotated[list[str], NoDecode, BeforeValidator(_split)] = Field(default_factory=lambda: ["MASTER_ADDR", "TORCHELASTIC_RUN_ID"])
+    # where a process's cgroup is read ("{pid}" in the path; empty: /proc/PID/cgroup) and the kubelet's
+    # pod log folders, which name a pod by its uid (mounted read-only into hangd's container)
+    cgroup_path: str = ""
+    pod_log_dir: Annotated[str, Field(min_length=1)] = "/var/log/pods"
     nvml: bool = True
     stacks: bool = True
     pyspy_timeout: Annotated[float, _seconds(0.1, 600)] = 5.0

@@ -106,6 +106,14 @@ class ProcInfo:
     fds: dict[str, str | None] | None = None
     cgroup: str | None = None
     start_time: float | None = None
+    # who runs it: the real uid (/proc/PID/status) and its user name where this host's user
+    # database has one (None: unknown, as in a trace recorded before these were read)
+    uid: int | None = None
+    user: str | None = None
+    # the Kubernetes pod its cgroup places it in: ``uid``, ``container_id``, ``qos`` from the cgroup
+    # path; ``name``, ``namespace``, ``container`` and ``name_from`` where the node could resolve
+    # them, else ``unresolved`` (why not, in words)
+    pod: dict[str, str] | None = None
 
 
 @dataclass(slots=True)

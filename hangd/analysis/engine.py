@@ -72,6 +72,7 @@ class Analyzer:
         self.node_name: str | None = None  # this node's name in a fleet (it names ranks "rank 3 on node-b")
         self.last_t = 0.0  # the time of the newest snapshot
         self.env = Env(self.th, self.view, self.tracks, self.progress, self.book, node=lambda: self.node_name)
+        self.book.who_of = lambda job: j.who if (j := self.job_defs.get(job)) is not None else None
 
     # ------------------------------------------------------------------ public surface
 
@@ -233,7 +234,8 @@ class Analyzer:
                         "identity": job.key_parts, "world_size": job.world_size, "launcher": job.launcher,
                         "last_progress": round(max(lasts), 3) if lasts else None,
                         # only for a job with ranks on other nodes: a single node's views stay as they were
-                        **({"spans_nodes": job.spans_nodes} if job.spans_nodes else {})})
+                        **({"spans_nodes": job.spans_nodes} if job.spans_nodes else {}),
+                        **({"who": job.who} if job.who else {})})  # owner, Slurm job, pod: where known
         return out
 
     job_states = jobs  # the older name

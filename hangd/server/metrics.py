@@ -23,7 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from hangd import __version__
-from hangd.analysis import hardware
+from hangd.analysis import hardware, owner
 from hangd.analysis.model import STATES
 from hangd.incidents import KINDS
 
@@ -130,15 +130,22 @@ class HangdCollector(Collector):
         with self.d.lock:
             jobs = self.d.analyzer.jobs()
         js = GaugeMetricFamily("hangd_job_state", "1 for the state each distributed job is in, 0 for the others.",
-                               labels=["hangd_job", "state"])
+                               labels=["hangd_job", "state", *owner.LABELS])
         for j in jobs:
+            who = owner.labels(j.get("who"))
             for s in JOB_STATES:
-                js.add_metric([j["job"], s], 1.0 if j["state"] == s else 0.0)
+                js.add_metric([j["job"], s, *who], 1.0 if j["state"] == s else 0.0)
         yield js
-        ranks = GaugeMetricFamily("hangd_job_ranks", "Ranks of each job seen on this node.", labels=["hangd_job"])
+        ranks = GaugeMetricFamily("hangd_job_ranks", "Ranks of each job seen on this node.", labels=["hangd_job", *owner.LABELS])
         for j in jobs:
-            ranks.add_metric([j["job"]], float(len(j["ranks"])))
+            ranks.add_metric([j["job"], *owner.labels(j.get("who"))], float(len(j["ranks"])))
         yield ranks
+        info = GaugeMetricFamily("hangd_job_owner_info", "Whom to page about each job: its owner, Slurm job and "
+                                 "Kubernetes pod (a label is empty where unknown); 1.", labels=["hangd_job", *owner.INFO_LABELS])
+        for j in jobs:
+            if j.get("who"):
+                info.add_metric([j["job"], *owner.labels(j["who"], owner.INFO_LABELS)], 1.0)
+        yield info
         yield from self._fleet()
 
     def _fleet(self) -> Iterator[Metric]:
@@ -173,12 +180,12 @@ class HangdCollector(Collector):
         yield tot
         info = GaugeMetricFamily("hangd_incident_opened_timestamp_seconds",
                                  "When each open incident was opened (Unix seconds); its id links to /incidents/{id}.",
-                                 labels=["id", "kind", "severity", "hangd_job", "culprit_ranks"])
+                                 labels=["id", "kind", "severity", "hangd_job", "culprit_ranks", *owner.LABELS])
         det = GaugeMetricFamily("hangd_incident_detection_seconds",
                                 "Seconds from the last progress of the job to the incident opening (time to detect).",
                                 labels=["id", "kind", "hangd_job"])
         for i in open_:
-            labels = [str(i.id), i.kind, i.severity, i.job, ",".join(map(str, i.culprit_ranks))]
+            labels = [str(i.id), i.kind, i.severity, i.job, ",".join(map(str, i.culprit_ranks)), *owner.labels(i.who)]
             info.add_metric(labels, float(i.opened_at))
             if i.hang_started_at is not None:
                 det.add_metric([str(i.id), i.kind, i.job], max(0.0, float(i.opened_at - i.hang_started_at)))

@@ -26,7 +26,8 @@ class LiveNode:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.nvml = NvmlSource() if settings.nvml else None
-        self.proc = ProcSource(proc_root=settings.proc_root, job_env=tuple(settings.job_env))
+        self.proc = ProcSource(proc_root=settings.proc_root, job_env=tuple(settings.job_env),
+                               cgroup_path=settings.cgroup_path, pod_log_dir=settings.pod_log_dir)
         self.output = OutputSource(proc_root=settings.proc_root)
         self.flight = FlightSource(proc_root=settings.proc_root)
         self.stacks = StackSource(timeout_s=settings.pyspy_timeout) if settings.stacks else None

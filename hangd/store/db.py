@@ -252,6 +252,7 @@ def incident_row_to_dict(r: m.Incident, with_evidence: bool = True) -> dict[str,
         "opened_at": r.opened_at, "updated_at": r.updated_at, "resolved_at": r.resolved_at,
         "hang_started_at": r.hang_started_at, "acked": r.acked, "summary": r.summary, "next_step": r.next_step,
         "pids": r.pids, "ranks": r.ranks, "culprit_pids": r.culprit_pids, "culprit_ranks": r.culprit_ranks,
+        "who": r.who,
     }
     if with_evidence:
         d.update({"evidence": r.evidence, "findings": r.findings, "timeline": r.timeline})
@@ -801,7 +802,7 @@ class Store:
             setattr(inc, k, d.get(k))
         # what is stored outlives the process and is served to anyone with the token: the
         # words and evidence are redacted again here, whatever the analysis already did
-        for k in ("summary", "next_step", "evidence", "findings", "timeline"):
+        for k in ("summary", "next_step", "evidence", "findings", "timeline", "who"):
             setattr(inc, k, redact_obj(d.get(k)))
         inc.family = family
         inc.status = "open" if d.get("resolved_at") is None else "resolved"
@@ -906,21 +907,21 @@ class Store:
         unknown = [j["job"] for j in jobs if j["job"] not in rows]
         for part in _padded(unknown):
             for r in s.execute(select(tbl.c.key, tbl.c.name, tbl.c.state, tbl.c.ranks, tbl.c.world_size, tbl.c.identity,
-                                      tbl.c.spans_nodes, tbl.c.gone_at)
+                                      tbl.c.spans_nodes, tbl.c.gone_at, tbl.c.who)
                                .where(tbl.c.node_id == self.node_id, tbl.c.key.in_(part))):
-                rows[r.key] = (r.name, r.state, r.ranks, r.world_size, r.identity, r.spans_nodes) \
+                rows[r.key] = (r.name, r.state, r.ranks, r.world_size, r.identity, r.spans_nodes, r.who) \
                     if r.gone_at is None else (_GONE,)
         new, changed, same = [], [], []
         for j in jobs:
             key = j["job"]
             vals = (j.get("name") or key, j.get("state"), j.get("ranks") or {}, j.get("world_size"), j.get("identity"),
-                    j.get("spans_nodes"))
+                    j.get("spans_nodes"), redact_obj(j.get("who")) or None)
             cur = rows.get(key, ...)
             if cur == vals:
                 same.append({"b_key": key})
                 continue
             row = {"name": vals[0], "state": vals[1], "ranks": vals[2], "world_size": vals[3], "identity": vals[4],
-                   "spans_nodes": vals[5], "last_seen": t, "gone_at": None}
+                   "spans_nodes": vals[5], "who": vals[6], "last_seen": t, "gone_at": None}
             if cur is ...:
                 new.append(dict(row, node_id=self.node_id, key=key, first_seen=t))
             else:
@@ -937,7 +938,7 @@ class Store:
             s.execute(update(tbl).where(*where).values(gone_at=t, last_seen=t), gone)
         if changed:
             ok = self._updated_all(s, update(tbl).where(*where).values(
-                {k: bindparam(k) for k in ("name", "state", "ranks", "world_size", "identity", "spans_nodes",
+                {k: bindparam(k) for k in ("name", "state", "ranks", "world_size", "identity", "spans_nodes", "who",
                                            "last_seen", "gone_at")}), changed)
         if touch and same:
             ok = self._updated_all(s, update(tbl).where(*where).values(last_seen=t), same) and ok
