@@ -32,6 +32,7 @@ def test_installed_wheel_ships_the_migrations_and_runs_them(tmp_path):
     (wheel,) = wheels.glob("hangd-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "hangd/store/migrations/env.py" in names and "hangd/store/migrations/script.py.mako" in names, names
+    assert "hangd/docs/operator-guide.md" in names, names  # served at /docs/runbook: the alerts' runbook_url
     assert all(any(n.startswith(f"hangd/store/migrations/versions/{v}") for n in names) for v in ("0001", "0002", "0003", "0004", "0005")), names
 
     venv = tmp_path / "venv"

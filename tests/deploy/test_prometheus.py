@@ -123,6 +123,7 @@ def stack(tmp_path_factory):
               "--read-token-file", str(tmp / "read-token"), "--node-name", "127.0.0.1",
               "--external-url", f"http://{{node}}:{port}", port=port)
     alerts_seen: list[dict] = []
+    while_open: list[str] = []
     try:
         with prometheus(tmp, [s.url], bearer=READ) as base:
             t_end = time.time() + 150
@@ -130,12 +131,15 @@ def stack(tmp_path_factory):
                 try:
                     a = httpx.get(base + "/api/v1/alerts", timeout=5).json()["data"]["alerts"]
                     alerts_seen += [x for x in a if x["state"] == "firing"]
+                    if alerts_seen and not while_open:  # what /metrics says while the incident is open
+                        while_open.append(s.get("/metrics", headers={"Authorization": f"Bearer {READ}"}).text)
                     if s.get("/readyz").json()["detail"].startswith("replay finished") and alerts_seen:
                         break
                 except (httpx.HTTPError, ValueError):  # Prometheus answers 503 in plain text while it starts
                     pass
                 time.sleep(1)
-            yield {"prom": base, "hangd": s, "alerts": alerts_seen, "start": time.time() - 160, "tmp": tmp}
+            yield {"prom": base, "hangd": s, "alerts": alerts_seen, "start": time.time() - 160, "tmp": tmp,
+                   "metrics_while_open": while_open[0] if while_open else ""}
     finally:
         s.stop()
 
@@ -258,3 +262,63 @@ def test_the_fleet_board_shows_a_job_of_one_node_too(stack):
     assert len(jobs) == 1, state
     assert [(r["metric"]["hangd_job"], r["values"][-1][1]) for r in nodes] == [(jobs.pop(), "1")]
     assert [r["values"][-1][1] for r in ranks] == ["2"]
+
+
+METRICS_DOC = ROOT / "docs" / "metrics.md"
+
+
+def _reference() -> dict[str, tuple[str, set[str], str]]:
+    """family -> (type, labels, what) of the table in docs/metrics.md."""
+    rows = re.findall(r"^\| `([a-z_]+)` \| (\w+) \|([^|]*)\|([^|]*)\|$", METRICS_DOC.read_text(), re.M)
+    return {name: (typ, set(re.findall(r"`(\w+)`", labels)), what.strip()) for name, typ, labels, what in rows}
+
+
+def test_the_metrics_reference_is_what_metrics_exposes(stack):
+    """docs/metrics.md names every family a real hangd exposes, with its type and labels, and
+    nothing it does not (the families of jobs that span nodes: tests/fleet scrapes them)."""
+    text = stack["metrics_while_open"]
+    ref = _reference()
+    assert len(ref) >= 40
+    types = dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M))
+    histograms = {n for n, t in types.items() if t == "histogram"}
+    exposed = {n: t for n, t in types.items() if not (n.endswith("_created") and n.removesuffix("_created") in histograms)}
+    labels: dict[str, set[str]] = {}
+    for name, body in re.findall(r"^([a-z_]+)\{([^}]*)\}", text, re.M):
+        base = re.sub(r"_(bucket|sum|count|created)$", "", name) if re.sub(r"_(bucket|sum|count|created)$", "", name) in histograms else name
+        labels.setdefault(base, set()).update(k for k in re.findall(r'(\w+)="', body) if k != "le")
+    fleet_only = {n for n, (_, _, what) in ref.items() if what.startswith("Fleet only")}
+    assert fleet_only == {"hangd_job_node_last_report_timestamp_seconds", "hangd_job_node_ranks"}
+    assert set(exposed) == set(ref) - fleet_only
+    source = (ROOT / "hangd" / "server" / "metrics.py").read_text()
+    for n in fleet_only:
+        assert f'"{n}"' in source, n
+    for n, t in exposed.items():
+        assert ref[n][0] == t, (n, t)
+        assert labels.get(n, set()) == ref[n][1], (n, labels.get(n))
+    assert {"hangd_incident_opened_timestamp_seconds", "hangd_incident_info", "hangd_process_state"} <= set(labels)
+
+
+def test_the_dcgm_joins_of_the_reference_hold(tmp_path):
+    """The two PromQL joins with dcgm-exporter's series in docs/metrics.md, on series shaped like
+    both exporters' (dcgm-exporter labels a GPU UUID and gpu, hangd uuid and gpu)."""
+    blocks = re.findall(r"```promql\n# [^\n]*DCGM[^\n]*\n(.*?)```", METRICS_DOC.read_text(), re.S)
+    assert len(blocks) == 2, blocks
+    dcgm = 'UUID="GPU-{u}",gpu="{g}",Hostname="n1",instance="n1:9400",job="dcgm",modelName="NVIDIA H200"'
+    hangd = 'uuid="GPU-{u}",gpu="{g}",instance="n1:9877",job="hangd"'
+    series = []
+    for u, g, temp, sm_dcgm, util, sm in (("a", 0, 71, 0.5, 0.9, 0.25), ("b", 1, 55, 0.75, 0.75, 0.75)):
+        series += [{"series": f"DCGM_FI_DEV_GPU_TEMP{{{dcgm.format(u=u, g=g)}}}", "values": f"{temp}x8"},
+                   {"series": f"DCGM_FI_PROF_SM_ACTIVE{{{dcgm.format(u=u, g=g)}}}", "values": f"{sm_dcgm}x8"},
+                   {"series": f"hangd_gpu_utilization_ratio{{{hangd.format(u=u, g=g)}}}", "values": f"{util}x8"},
+                   {"series": f"hangd_gpu_sm_active_ratio{{{hangd.format(u=u, g=g)}}}", "values": f"{sm}x8"}]
+    spinning, diff = (" ".join(b.split()) for b in blocks)
+    a, b = dcgm.format(u="a", g=0).replace("UUID", 'uuid="GPU-a",UUID', 1), dcgm.format(u="b", g=1).replace("UUID", 'uuid="GPU-b",UUID', 1)
+    test = {"rule_files": [str(RULES)], "evaluation_interval": "15s", "tests": [{
+        "interval": "15s", "input_series": series,
+        "promql_expr_test": [
+            {"expr": spinning, "eval_time": "1m", "exp_samples": [{"labels": f"DCGM_FI_DEV_GPU_TEMP{{{a}}}", "value": 71}]},
+            {"expr": diff, "eval_time": "1m", "exp_samples": [{"labels": f"{{{a}}}", "value": 0.25},
+                                                              {"labels": f"{{{b}}}", "value": 0.0}]}]}]}
+    (tmp_path / "dcgm.test.yml").write_text(yaml.safe_dump(test))
+    out = subprocess.run([promtool(), "test", "rules", str(tmp_path / "dcgm.test.yml")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr

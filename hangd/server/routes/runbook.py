@@ -4,8 +4,8 @@ shipped documentation, with nothing of the node in it."""
 from __future__ import annotations
 
 import html
+import importlib.resources
 import re
-import sys
 from functools import lru_cache
 from pathlib import Path
 
@@ -18,10 +18,9 @@ router = APIRouter(tags=["docs"])
 GUIDE = "operator-guide.md"
 
 
-def guide_paths() -> list[Path]:
-    """Where the guide is: installed beside the package (the wheel's share/doc/hangd), or the
-    checkout hangd runs from."""
-    return [Path(sys.prefix) / "share" / "doc" / "hangd" / GUIDE, Path(__file__).resolve().parents[3] / "docs" / GUIDE]
+def guide() -> Path:
+    """The guide shipped in the package (hangd/docs is the repo's docs/, copied into the wheel)."""
+    return Path(str(importlib.resources.files("hangd") / "docs" / GUIDE))
 
 
 def anchor(heading: str) -> str:
@@ -54,10 +53,8 @@ def render(markdown: str) -> str:
 
 @lru_cache(maxsize=1)
 def _page() -> str | None:
-    for p in guide_paths():
-        if p.is_file():
-            return render(p.read_text(encoding="utf-8"))
-    return None
+    p = guide()
+    return render(p.read_text(encoding="utf-8")) if p.is_file() else None
 
 
 @router.get(RUNBOOK_PATH, response_class=HTMLResponse, summary="The operator guide: the runbook of every alert",
