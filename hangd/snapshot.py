@@ -55,7 +55,16 @@ class GpuSample:
     gpm: dict[str, float] | None = None
     uuid: str | None = None
     name: str | None = None
+    # XID errors NVML reported for this GPU since the last reading: {"xid": code, "t": Unix seconds}
     xid: list[dict[str, Any]] | None = None
+    # clock_event_reasons decoded: names of hangd/analysis/hardware.toml's [clock_event] (None: unread)
+    clock_events: list[str] | None = None
+    # read at a low rate and carried between reads; None when the GPU cannot say
+    ecc_uncorrected: int | None = None  # volatile ECC error counts (since the driver loaded)
+    ecc_corrected: int | None = None
+    remap_pending: bool | None = None  # a row remapping waits for a GPU reset
+    remap_failure: bool | None = None  # a row remapping failed: the memory is bad
+    nvlink_errors: dict[str, int] | None = None  # summed over its links: replay, recovery, crc_flit, crc_data
 
 
 @dataclass(slots=True)

@@ -24,6 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from hangd import __version__
+from hangd.analysis import hardware
 from hangd.analysis.model import STATES
 from hangd.incidents import KINDS
 from hangd.server.links import RUNBOOK_PATH, incident_url
@@ -250,6 +251,39 @@ class HangdCollector(Collector):
             if g.power_mw is not None:
                 fams["power"].add_metric(lab, g.power_mw / 1000.0)
         yield from fams.values()
+        yield from self._gpu_health(latest)
+
+    def _gpu_health(self, latest: dict[int, Any]) -> Iterator[Metric]:
+        """XIDs, clock-event (throttle) reasons, ECC, row remapping, NVLink errors: only what NVML said."""
+        with self.d.lock:
+            xids = dict(self.d.analyzer.view.hw.totals)
+        xid = CounterMetricFamily("hangd_gpu_xid_events", "XID errors each GPU reported since hangd started, by XID "
+                                  "code (hangd/analysis/hardware.toml says what each means).", labels=["gpu", "uuid", "xid"])
+        for (idx, uuid, code), n in sorted(xids.items()):
+            xid.add_metric([str(idx), uuid, str(code)], float(n))
+        yield xid
+        ce = GaugeMetricFamily("hangd_gpu_clock_event_active", "1 for each clock-event (throttle) reason NVML reports "
+                               "for the GPU now, 0 for the others.", labels=["gpu", "uuid", "reason"])
+        ecc = CounterMetricFamily("hangd_gpu_ecc_errors", "Volatile ECC errors the GPU counted since its driver loaded.",
+                                  labels=["gpu", "uuid", "type"])
+        remap = GaugeMetricFamily("hangd_gpu_row_remap", "1 where a row remapping is pending (a GPU reset applies "
+                                  "it) or failed (bad memory), else 0.", labels=["gpu", "uuid", "status"])
+        nvl = CounterMetricFamily("hangd_gpu_nvlink_errors", "NVLink errors counted over the GPU's links, by counter.",
+                                  labels=["gpu", "uuid", "counter"])
+        for idx, g in sorted(latest.items()):
+            lab = [str(idx), g.uuid or ""]
+            if g.clock_events is not None:
+                for r in hardware.clock_event_names():
+                    ce.add_metric([*lab, r], 1.0 if r in g.clock_events else 0.0)
+            for kind, v in (("uncorrected", g.ecc_uncorrected), ("corrected", g.ecc_corrected)):
+                if v is not None:
+                    ecc.add_metric([*lab, kind], float(v))
+            for status, v in (("pending", g.remap_pending), ("failed", g.remap_failure)):
+                if v is not None:
+                    remap.add_metric([*lab, status], 1.0 if v else 0.0)
+            for counter, n in sorted((g.nvlink_errors or {}).items()):
+                nvl.add_metric([*lab, counter], float(n))
+        yield from (ce, ecc, remap, nvl)
 
     def _self(self) -> Iterator[Metric]:
         succ = GaugeMetricFamily("hangd_collector_success", "Whether each source read on the last tick (1) or not (0).",

@@ -189,6 +189,16 @@ class GpuOut(BaseModel):
     sm_clock: int | None = None
     gpm: dict[str, float] | None = None
     processes: list[dict[str, Any]] = []
+    # hardware health: null where NVML could not say (never 0)
+    clock_events: list[str] | None = Field(default=None, description="clock-event (throttle) reasons now: sw_power_cap, "
+                                           "hw_slowdown, hw_thermal_slowdown, ... (hangd/analysis/hardware.toml)")
+    ecc_uncorrected: int | None = Field(default=None, description="volatile uncorrected ECC errors")
+    ecc_corrected: int | None = Field(default=None, description="volatile corrected ECC errors")
+    remap_pending: bool | None = Field(default=None, description="a row remapping waits for a GPU reset")
+    remap_failure: bool | None = Field(default=None, description="a row remapping failed")
+    nvlink_errors: dict[str, int] | None = Field(default=None, description="NVLink error counters over its links")
+    xids: list[dict[str, Any]] = Field(default=[], description="XIDs it reported in the last 15 minutes: "
+                                       "{xid, meaning, severity, t}")
 
 
 class TimelineEntry(BaseModel):
