@@ -294,7 +294,8 @@ def test_the_metrics_reference_is_what_metrics_exposes(stack):
         assert f'"{n}"' in source, n
     for n, t in exposed.items():
         assert ref[n][0] == t, (n, t)
-        assert labels.get(n, set()) == ref[n][1], (n, labels.get(n))
+        if n in labels:  # (a family with no series in this replay, hardware errors say, shows no labels)
+            assert labels[n] == ref[n][1], (n, labels[n])
     assert {"hangd_incident_opened_timestamp_seconds", "hangd_incident_info", "hangd_process_state"} <= set(labels)
 
 
