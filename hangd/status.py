@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import ssl
 import time
 import urllib.error
 import urllib.request
@@ -42,21 +43,31 @@ def daemon_incidents(settings: Settings, timeout: float = 2.0) -> dict[str, Any]
     ``error`` saying why: its incidents are unknown, not none (``hangd status`` exits 4)."""
     host, port = settings.host_port()
     host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
-    base = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    ctx = None
+    try:
+        tls = settings.tls()
+    except ConfigError:
+        tls = None
+    if tls:
+        # the node's own daemon: trust the certificate it serves, whatever name it was made for
+        ctx = ssl.create_default_context(cafile=tls[0])
+        ctx.check_hostname = False
+    scheme = "https" if tls else "http"
+    base = f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
     out: dict[str, Any] = {"url": base, "answered": False, "error": None, "incidents": []}
     req = urllib.request.Request(base + "/incidents?status=open&limit=100")
-    try:
-        token = settings.resolved_token()
+    try:  # it only reads: the read token when there is one, else the write token
+        token = settings.resolved_read_token() or settings.resolved_token()
     except ConfigError as e:
         token = None
         out["error"] = f"no token to ask it with: {e}"
     if token:
         req.add_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310 - the node's own daemon
+        with urllib.request.urlopen(req, timeout=timeout, context=ctx) as r:  # noqa: S310 - the node's own daemon
             doc = json.loads(r.read(8 << 20))
     except urllib.error.HTTPError as e:
-        hint = " HINT: set HANGD_TOKEN or token_file as hangd serve has it" if e.code == 401 else ""
+        hint = " HINT: set HANGD_READ_TOKEN_FILE (or HANGD_TOKEN_FILE) as hangd serve has it" if e.code == 401 else ""
         out["error"] = f"hangd serve at {base} answered HTTP {e.code}{hint}"
         return out
     except (urllib.error.URLError, OSError) as e:

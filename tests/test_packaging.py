@@ -108,6 +108,7 @@ def _venv(tmp: Path) -> Venv:
 def test_installed_wheel_ships_the_migrations_and_runs_them(wheel, tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert "hangd/migrations/env.py" in names and "hangd/migrations/script.py.mako" in names, names
+    assert "hangd/docs/operator-guide.md" in names, names  # served at /docs/runbook: the alerts' runbook_url
     versions = sorted(p.name for p in (ROOT / "migrations" / "versions").glob("*.py"))
     assert versions and all(f"hangd/migrations/versions/{v}" in names for v in versions), names
     # every module and data file of the source tree is in the wheel: a package or file left out fails here

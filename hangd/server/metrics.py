@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from prometheus_client import Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -26,14 +27,18 @@ from hangd import __version__
 from hangd.analysis import hardware, owner
 from hangd.analysis.model import STATES
 from hangd.incidents import KINDS
+from hangd.server.links import RUNBOOK_PATH, incident_url
 
 if TYPE_CHECKING:
+    from hangd.incidents import Incident
     from hangd.server.runtime import Daemon
 
 log = logging.getLogger("hangd.metrics")
 JOB_STATES = STATES
 # series one process contributes: a state series per state, last progress, GPU memory
 SERIES_PER_PROCESS = len(STATES) + 2
+# time to detect: the thresholds are 10-30 s of no progress, a late verdict takes minutes
+DETECTION_BUCKETS = (5.0, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 300.0, 600.0)
 
 
 class SeriesBound:
@@ -73,9 +78,15 @@ class SeriesBound:
 
 
 class HangdCollector(Collector):
-    def __init__(self, daemon: Daemon) -> None:
+    def __init__(self, daemon: Daemon, base: str = "http://127.0.0.1:9877", link_key: bytes | None = None) -> None:
         self.d = daemon
         self.bound = SeriesBound(daemon.settings.metrics_gone_after_s, daemon.settings.metrics_max_processes)
+        self.base = base  # where browsers reach this hangd: the links in alerts
+        self.link_key = link_key
+        self.detection = Histogram("hangd_incident_detection_seconds", "Seconds from a job's last progress to its "
+                                   "incident opening (time to detect), once per incident, by the kind it opened as.",
+                                   labelnames=["kind"], registry=None, buckets=DETECTION_BUCKETS)
+        self._detected: set[int] = set()
 
     def collect(self) -> Iterator[Metric]:
         failed: list[str] = []
@@ -170,6 +181,7 @@ class HangdCollector(Collector):
     def _incidents(self) -> Iterator[Metric]:
         with self.d.lock:
             open_ = self.d.analyzer.incidents(open_only=True)
+            known = self.d.analyzer.incidents()
             opened = self.d.analyzer.opened_counts()
         op = GaugeMetricFamily("hangd_incidents_open", "Incidents open now, by kind.", labels=["kind"])
         tot = CounterMetricFamily("hangd_incidents", "Incidents opened since hangd started, by kind.", labels=["kind"])
@@ -178,19 +190,44 @@ class HangdCollector(Collector):
             tot.add_metric([k], float(opened.get(k, 0)))
         yield op
         yield tot
-        info = GaugeMetricFamily("hangd_incident_opened_timestamp_seconds",
-                                 "When each open incident was opened (Unix seconds); its id links to /incidents/{id}.",
-                                 labels=["id", "kind", "severity", "hangd_job", "culprit_ranks", *owner.LABELS])
-        det = GaugeMetricFamily("hangd_incident_detection_seconds",
-                                "Seconds from the last progress of the job to the incident opening (time to detect).",
-                                labels=["id", "kind", "hangd_job"])
+        yield from self._incident_series(open_)
+        self._observe_detection([*known, *open_])
+        yield from self.detection.collect()
+        rb = GaugeMetricFamily("hangd_runbook_info", "Where this hangd serves the operator guide, the runbook of "
+                               "every alert (its runbook_url).", labels=["url"])
+        rb.add_metric([self.base + RUNBOOK_PATH], 1.0)
+        yield rb
+
+    def _incident_series(self, open_: list[Incident]) -> Iterator[Metric]:
+        """Each open incident's identity (incident id, job, node: what an alert is keyed on) apart
+        from what may change while it is open (kind, culprit, severity, in the info series): a
+        culprit found later or a kind refined changes no alert's identity."""
+        node = self.d.store.hostname
+        ident = ["incident", "hangd_job", "node"]
+        # who to page (user, Slurm job, pod) is the job's for its whole life: a label to route on
+        opened = GaugeMetricFamily("hangd_incident_opened_timestamp_seconds",
+                                   "When each open incident was opened (Unix seconds); one series per incident.",
+                                   labels=[*ident, *owner.LABELS])
+        info = GaugeMetricFamily("hangd_incident_info", "What each open incident is now (1): kind, severity, culprit, "
+                                 "and the link that opens its page (url, signed: no token needed).",
+                                 labels=[*ident, "kind", "severity", "culprit_ranks", "culprit_pids", "url"])
         for i in open_:
-            labels = [str(i.id), i.kind, i.severity, i.job, ",".join(map(str, i.culprit_ranks)), *owner.labels(i.who)]
-            info.add_metric(labels, float(i.opened_at))
-            if i.hang_started_at is not None:
-                det.add_metric([str(i.id), i.kind, i.job], max(0.0, float(i.opened_at - i.hang_started_at)))
+            key = [str(i.id), i.job, node]
+            opened.add_metric([*key, *owner.labels(i.who)], float(i.opened_at))
+            info.add_metric([*key, i.kind, i.severity, ",".join(map(str, i.culprit_ranks)),
+                             ",".join(map(str, i.culprit_pids)), incident_url(self.base, i.id, self.link_key)], 1.0)
+        yield opened
         yield info
-        yield det
+
+    def _observe_detection(self, incidents: list[Incident]) -> None:
+        """Time to detect, once per incident: from the job's last progress to the incident opening."""
+        now_known = set()
+        for i in incidents:
+            now_known.add(i.id)
+            if i.id not in self._detected and i.hang_started_at is not None:
+                self.detection.labels(i.kind).observe(max(0.0, float(i.opened_at - i.hang_started_at)))
+                self._detected.add(i.id)
+        self._detected &= now_known  # bounded: the analysis forgets old incidents, so does this
 
     def _gpus(self) -> Iterator[Metric]:
         with self.d.lock:

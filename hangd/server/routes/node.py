@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Path, Query, Response
 
-from hangd.server.deps import AuthDep, DaemonDep
+from hangd.server.deps import AuthDep, DaemonDep, WriteDep
 from hangd.server.schemas import GpuOut, JobOut, ProcessOut, TimelineEntry
 
 router = APIRouter(tags=["node"], responses={401: {"description": "a token is required (hangd listens off loopback)"}})
@@ -54,8 +54,9 @@ def timeline(daemon: DaemonDep, _: AuthDep, pid: Annotated[int | None, Query(ge=
 
 
 @router.post("/snapshot", status_code=202, summary="Capture evidence now (stacks, flight-recorder dumps)",
-             responses={409: {"description": "nothing live to capture (hangd runs a replay)"}})
-def snapshot(daemon: DaemonDep, _: AuthDep) -> dict[str, Any]:
+             responses={409: {"description": "nothing live to capture (hangd runs a replay)"},
+                        403: {"description": "the read token may not capture: send the write token"}})
+def snapshot(daemon: DaemonDep, _: WriteDep) -> dict[str, Any]:
     res = daemon.request_snapshot()
     if not res["accepted"]:
         raise HTTPException(status_code=409, detail=res["why"])
