@@ -96,9 +96,7 @@ class HangdCollector(Collector):
         yield g
 
     def _processes(self) -> Iterator[Metric]:
-        with self.d.lock:
-            procs = self.d.analyzer.processes()
-        procs = self.bound.select(procs, self.d.last_snapshot_t or time.time())
+        procs = self.bound.select([p.to_dict() for p in self.d.front.processes()], self.d.last_snapshot_t or time.time())
         st = GaugeMetricFamily("hangd_process_state", "1 for the state each GPU process / rank is in, 0 for the others.",
                                labels=["hangd_job", "rank", "gpu", "pid", "state"])
         for p in procs:
@@ -126,25 +124,23 @@ class HangdCollector(Collector):
         yield dropped
 
     def _jobs(self) -> Iterator[Metric]:
-        with self.d.lock:
-            jobs = self.d.analyzer.jobs()
+        jobs = self.d.front.jobs()
         js = GaugeMetricFamily("hangd_job_state", "1 for the state each distributed job is in, 0 for the others.",
                                labels=["hangd_job", "state"])
         for j in jobs:
             for s in JOB_STATES:
-                js.add_metric([j["job"], s], 1.0 if j["state"] == s else 0.0)
+                js.add_metric([j.job, s], 1.0 if j.state == s else 0.0)
         yield js
         ranks = GaugeMetricFamily("hangd_job_ranks", "Ranks of each job seen on this node.", labels=["hangd_job"])
         for j in jobs:
-            ranks.add_metric([j["job"]], float(len(j["ranks"])))
+            ranks.add_metric([j.job], float(len(j.ranks)))
         yield ranks
         yield from self._fleet()
 
     def _fleet(self) -> Iterator[Metric]:
         """Jobs that span nodes, in a fleet sharing a database: each node of the job as this node
         knows it. Absent on a lone node (no series to keep for nothing)."""
-        with self.d.lock:
-            nodes = self.d.analyzer.job_nodes()
+        nodes = self.d.front.job_nodes()
         if not nodes:
             return
         last = GaugeMetricFamily("hangd_job_node_last_report_timestamp_seconds",
@@ -160,9 +156,8 @@ class HangdCollector(Collector):
         yield count
 
     def _incidents(self) -> Iterator[Metric]:
-        with self.d.lock:
-            open_ = self.d.analyzer.incidents(open_only=True)
-            opened = self.d.analyzer.opened_counts()
+        open_ = self.d.front.incidents(open_only=True)
+        opened = self.d.front.opened_counts()
         op = GaugeMetricFamily("hangd_incidents_open", "Incidents open now, by kind.", labels=["kind"])
         tot = CounterMetricFamily("hangd_incidents", "Incidents opened since hangd started, by kind.", labels=["kind"])
         for k in KINDS:
@@ -185,8 +180,7 @@ class HangdCollector(Collector):
         yield det
 
     def _gpus(self) -> Iterator[Metric]:
-        with self.d.lock:
-            latest = self.d.analyzer.latest_gpus()
+        latest = self.d.front.latest_gpus()
         fams = {
             "util": GaugeMetricFamily("hangd_gpu_utilization_ratio", "NVML GPU utilization: a kernel was resident (0-1).", labels=["gpu", "uuid"]),
             "sm": GaugeMetricFamily("hangd_gpu_sm_active_ratio", "GPM SM activity (0-1): real work, unlike utilization.", labels=["gpu", "uuid"]),
@@ -228,7 +222,8 @@ class HangdCollector(Collector):
             succ.add_metric([name], 1.0 if st.success else 0.0)
             dur.add_metric([name], float(st.duration_s))
             off.add_metric([name], 1.0 if st.disabled else 0.0)
-        store_ok = 1.0 if self.d.store.healthy else 0.0
+        store = self.d.store_health()
+        store_ok = 1.0 if store.healthy else 0.0
         succ.add_metric(["store"], store_ok)
         off.add_metric(["store"], 0.0)
         yield succ
@@ -237,9 +232,8 @@ class HangdCollector(Collector):
         yield from self.d.tick_histogram.collect()
         yield CounterMetricFamily("hangd_ticks", "Ticks run since start.", value=float(self.d.ticks))
         yield CounterMetricFamily("hangd_tick_failures", "Ticks that failed since start.", value=float(self.d.tick_failures))
-        with self.d.lock:
-            forgotten = self.d.analyzer.forgotten()
-            unreadable = self.d.analyzer.unreadable
+        forgotten = self.d.front.forgotten()
+        unreadable = self.d.front.unreadable()
         yield CounterMetricFamily("hangd_evidence_unreadable", "Evidence files (flight-recorder dumps) refused or "
                                   "undecodable; each is reported as a finding and the analysis goes on.",
                                   value=float(unreadable))
@@ -250,12 +244,12 @@ class HangdCollector(Collector):
             fc.add_metric([what], float(n))
         yield fc
         yield GaugeMetricFamily("hangd_store_pending_batches", "Writes queued because the store could not take them.",
-                                value=float(len(self.d.store.pending)))
+                                value=float(store.pending))
         yield CounterMetricFamily("hangd_store_write_failures", "Store writes that failed (and will be retried).",
-                                  value=float(self.d.store.write_failures_total))
+                                  value=float(store.write_failures))
         yield CounterMetricFamily("hangd_store_process_lists_superseded", "Lists of the processes queued for the "
                                   "store that a newer list replaced before they were written (the store was slower "
-                                  "than the ticks; the newest list is written).", value=float(self.d.store.superseded))
+                                  "than the ticks; the newest list is written).", value=float(store.superseded))
         last = self.d.last_tick_at
         yield GaugeMetricFamily("hangd_last_tick_timestamp_seconds", "When the last tick finished (Unix seconds).",
                                 value=float(last) if last else 0.0)
