@@ -17,6 +17,7 @@ from hangd.evidence import Requests
 from hangd.front import Front
 from hangd.incidents import Incident
 from hangd.snapshot import Snapshot
+from hangd.trace import TraceReader
 
 log = logging.getLogger("hangd.daemon")
 
@@ -39,8 +40,6 @@ class TraceFeed:
     live = False
 
     def __init__(self, path: str, speed: float = 0.0) -> None:
-        from hangd.trace import TraceReader
-
         self.reader = TraceReader(path)
         self._snaps = paced(self.reader.snapshots(), speed)
 
