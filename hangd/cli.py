@@ -148,14 +148,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def cmd_watch(args: argparse.Namespace) -> int:
     """Follow the node: one JSON line (or one readable line) per state change and incident change."""
-    from hangd.daemon import Loop
+    from hangd.daemon import live_loop
     from hangd.watch import Watcher
 
     if args.seconds < 0:
         raise ConfigError("--seconds must not be negative")
     s = _settings(args, interval=args.interval)
     _quiet_source_logs(args)
-    loop = Loop(s)
+    loop = live_loop(s)
     w = Watcher(json_lines=args.json, out=sys.stdout, warn=_warn)
     try:
         loop.run(w.emit, seconds=args.seconds or None)
@@ -164,8 +164,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     if w.blind and not w.seen_any:
         _warn("nothing to watch: no GPU could be seen and no distributed job ran here")
         return exitcodes.CANNOT_RUN
-    with loop.lock:
-        open_now = bool(loop.analyzer.incidents(open_only=True))
+    open_now = bool(loop.front.incidents(open_only=True))
     return exitcodes.FOUND if open_now else exitcodes.OK
 
 

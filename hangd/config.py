@@ -10,6 +10,7 @@ takes effect (type, finite, in range), and the one-line error names where the ba
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import stat
@@ -17,7 +18,7 @@ import tomllib
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, ValidationError
 from pydantic.fields import FieldInfo
@@ -30,6 +31,9 @@ from pydantic_settings import (
 )
 
 from hangd.redact import redact_url, url_password
+
+if TYPE_CHECKING:
+    from hangd.analysis.signals import Thresholds
 
 DEFAULT_PORT = 9877  # not taken by node_exporter (9100), dcgm-exporter (9400), Prometheus (9090)
 DEFAULT_CONFIG = "/etc/hangd/hangd.toml"
@@ -306,6 +310,25 @@ def load_settings(flags: dict[str, Any] | None = None, env: Mapping[str, str] | 
     s.host_port()
     check_db_url(s.db)
     return s
+
+
+# the Thresholds fields whose setting has another name
+THRESHOLD_SETTINGS = {"gone_process_s": "gone_after_s"}
+
+
+def thresholds_from(settings: Settings) -> Thresholds:
+    """The analysis' limits as configured: every ``Thresholds`` field that has a setting (of its
+    own name, or the one ``THRESHOLD_SETTINGS`` gives) takes the setting's value; the others keep
+    their defaults. The one place the thresholds are built: serve, status, record and watch judge
+    a job alike."""
+    from hangd.analysis.signals import Thresholds
+
+    given = {}
+    for f in dataclasses.fields(Thresholds):
+        name = THRESHOLD_SETTINGS.get(f.name, f.name)
+        if name in Settings.model_fields:
+            given[f.name] = getattr(settings, name)
+    return Thresholds(**given)
 
 
 def seconds_arg(lo: float = 0.0, hi: float = 365 * DAY, *, lo_open: bool = True) -> Callable[[str], float]:

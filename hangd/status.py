@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import json
 import ssl
-import time
 import urllib.error
 import urllib.request
 from typing import Any
 
-from hangd.analysis.engine import Analyzer
 from hangd.config import ConfigError, Settings
+from hangd.daemon import live_loop
 from hangd.humanize import ago, command_line, gpus_unseen, iso_field, iso_local
-from hangd.sources.live import LiveNode
+from hangd.snapshot import Snapshot
 
 
 def _fmt_bytes(n: int | None) -> str:
@@ -87,29 +86,22 @@ def daemon_incidents(settings: Settings, timeout: float = 2.0) -> dict[str, Any]
 
 
 def collect_status(settings: Settings, seconds: float = 2.0) -> dict[str, Any]:
-    node = LiveNode(settings)
-    an = Analyzer()
     samples = max(2, int(seconds) + 1)
-    snap = None
-    first_t: float | None = None
-    for i in range(samples):
-        snap = node.sample()
-        first_t = snap.t if first_t is None else first_t
-        an.step(snap)
-        an.take_requests()
-        if i < samples - 1:
-            time.sleep(seconds / (samples - 1))
-    assert snap is not None
+    loop = live_loop(settings, interval=seconds / (samples - 1), keep_going=False)
+    seen: list[Snapshot] = []
+    loop.run(lambda snap, _changes, _incidents: seen.append(snap), ticks=samples)
+    front, snap, first_t = loop.front, seen[-1], seen[0].t
     now = snap.t
     gpus = [{"index": g.index, "name": g.name, "uuid": g.uuid, "util_gpu": g.util_gpu, "mem_used": g.mem_used,
              "mem_total": g.mem_total, "power_w": (g.power_mw / 1000) if g.power_mw is not None else None,
              "gpm": g.gpm, "procs": [{"pid": p.pid, "used": p.used} for p in g.procs]} for g in snap.gpus]
     procs = []
-    for st in an.processes():
+    for rec in front.processes():
+        st = rec.to_dict()
         grew = st.get("log_grew_at")
         if "nvml" in snap.unavailable:
             st = {**st, "gpu_mem_bytes": None}  # GPUs unseen: their memory is unknown, not 0 B
-        cmd = an.cmdline(st["pid"])
+        cmd = front.cmdline(st["pid"])
         # a state already there at the first look began before hangd looked: its age is a lower bound
         # (a process "started 9 s ago" and still starting has not been so for only the 2 s watched)
         held_before = first_t is not None and st["since"] <= round(first_t, 3)
@@ -121,13 +113,13 @@ def collect_status(settings: Settings, seconds: float = 2.0) -> dict[str, Any]:
     daemon = daemon_incidents(settings)
     incidents = list(daemon.pop("incidents"))
     known = {(i["job"], i["kind"]) for i in incidents}
-    for own in an.incidents(open_only=True):  # this look's own, unless the daemon already has it
+    for own in front.incidents(open_only=True):  # this look's own, unless the daemon already has it
         if (own.job, own.kind) not in known:
             d = {k: v for k, v in own.to_dict().items() if k != "evidence"}
             d.update({f"{k}_iso": iso_field(d.get(k)) for k in ("opened_at", "updated_at", "resolved_at", "hang_started_at")})
             incidents.append({**d, "source": "this look"})
     return {"t": now, "t_iso": iso_field(now), "gpus": gpus, "gpus_unseen": gpus_unseen(snap.unavailable),
-            "processes": procs, "jobs": an.jobs(), "incidents": incidents, "daemon": daemon,
+            "processes": procs, "jobs": [j.to_dict() for j in front.jobs()], "incidents": incidents, "daemon": daemon,
             "unavailable": snap.unavailable}
 
 

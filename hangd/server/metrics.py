@@ -108,9 +108,7 @@ class HangdCollector(Collector):
         yield g
 
     def _processes(self) -> Iterator[Metric]:
-        with self.d.lock:
-            procs = self.d.analyzer.processes()
-        procs = self.bound.select(procs, self.d.last_snapshot_t or time.time())
+        procs = self.bound.select([p.to_dict() for p in self.d.front.processes()], self.d.last_snapshot_t or time.time())
         st = GaugeMetricFamily("hangd_process_state", "1 for the state each GPU process / rank is in, 0 for the others.",
                                labels=["hangd_job", "rank", "gpu", "pid", "state"])
         for p in procs:
@@ -138,32 +136,30 @@ class HangdCollector(Collector):
         yield dropped
 
     def _jobs(self) -> Iterator[Metric]:
-        with self.d.lock:
-            jobs = self.d.analyzer.jobs()
+        jobs = self.d.front.jobs()
         js = GaugeMetricFamily("hangd_job_state", "1 for the state each distributed job is in, 0 for the others.",
                                labels=["hangd_job", "state", *owner.LABELS])
         for j in jobs:
-            who = owner.labels(j.get("who"))
+            who = owner.labels(j.who)
             for s in JOB_STATES:
-                js.add_metric([j["job"], s, *who], 1.0 if j["state"] == s else 0.0)
+                js.add_metric([j.job, s, *who], 1.0 if j.state == s else 0.0)
         yield js
         ranks = GaugeMetricFamily("hangd_job_ranks", "Ranks of each job seen on this node.", labels=["hangd_job", *owner.LABELS])
         for j in jobs:
-            ranks.add_metric([j["job"], *owner.labels(j.get("who"))], float(len(j["ranks"])))
+            ranks.add_metric([j.job, *owner.labels(j.who)], float(len(j.ranks)))
         yield ranks
         info = GaugeMetricFamily("hangd_job_owner_info", "Whom to page about each job: its owner, Slurm job and "
                                  "Kubernetes pod (a label is empty where unknown); 1.", labels=["hangd_job", *owner.INFO_LABELS])
         for j in jobs:
-            if j.get("who"):
-                info.add_metric([j["job"], *owner.labels(j["who"], owner.INFO_LABELS)], 1.0)
+            if j.who:
+                info.add_metric([j.job, *owner.labels(j.who, owner.INFO_LABELS)], 1.0)
         yield info
         yield from self._fleet()
 
     def _fleet(self) -> Iterator[Metric]:
         """Jobs that span nodes, in a fleet sharing a database: each node of the job as this node
         knows it. Absent on a lone node (no series to keep for nothing)."""
-        with self.d.lock:
-            nodes = self.d.analyzer.job_nodes()
+        nodes = self.d.front.job_nodes()
         if not nodes:
             return
         last = GaugeMetricFamily("hangd_job_node_last_report_timestamp_seconds",
@@ -179,10 +175,9 @@ class HangdCollector(Collector):
         yield count
 
     def _incidents(self) -> Iterator[Metric]:
-        with self.d.lock:
-            open_ = self.d.analyzer.incidents(open_only=True)
-            known = self.d.analyzer.incidents()
-            opened = self.d.analyzer.opened_counts()
+        open_ = self.d.front.incidents(open_only=True)
+        known = self.d.front.incidents()
+        opened = self.d.front.opened_counts()
         op = GaugeMetricFamily("hangd_incidents_open", "Incidents open now, by kind.", labels=["kind"])
         tot = CounterMetricFamily("hangd_incidents", "Incidents opened since hangd started, by kind.", labels=["kind"])
         for k in KINDS:
@@ -202,7 +197,7 @@ class HangdCollector(Collector):
         """Each open incident's identity (incident id, job, node: what an alert is keyed on) apart
         from what may change while it is open (kind, culprit, severity, in the info series): a
         culprit found later or a kind refined changes no alert's identity."""
-        node = self.d.store.hostname
+        node = self.d.node_name
         ident = ["incident", "hangd_job", "node"]
         # who to page (user, Slurm job, pod) is the job's for its whole life: a label to route on
         opened = GaugeMetricFamily("hangd_incident_opened_timestamp_seconds",
@@ -230,8 +225,7 @@ class HangdCollector(Collector):
         self._detected &= now_known  # bounded: the analysis forgets old incidents, so does this
 
     def _gpus(self) -> Iterator[Metric]:
-        with self.d.lock:
-            latest = self.d.analyzer.latest_gpus()
+        latest = self.d.front.latest_gpus()
         fams = {
             "util": GaugeMetricFamily("hangd_gpu_utilization_ratio", "NVML GPU utilization: a kernel was resident (0-1).", labels=["gpu", "uuid"]),
             "sm": GaugeMetricFamily("hangd_gpu_sm_active_ratio", "GPM SM activity (0-1): real work, unlike utilization.", labels=["gpu", "uuid"]),
@@ -263,8 +257,7 @@ class HangdCollector(Collector):
 
     def _gpu_health(self, latest: dict[int, Any]) -> Iterator[Metric]:
         """XIDs, clock-event (throttle) reasons, ECC, row remapping, NVLink errors: only what NVML said."""
-        with self.d.lock:
-            xids = dict(self.d.analyzer.view.hw.totals)
+        xids = self.d.front.xid_totals()
         xid = CounterMetricFamily("hangd_gpu_xid_events", "XID errors each GPU reported since hangd started, by XID "
                                   "code (hangd/analysis/hardware.toml says what each means).", labels=["gpu", "uuid", "xid"])
         for (idx, uuid, code), n in sorted(xids.items()):
@@ -306,7 +299,8 @@ class HangdCollector(Collector):
             succ.add_metric([name], 1.0 if st.success else 0.0)
             dur.add_metric([name], float(st.duration_s))
             off.add_metric([name], 1.0 if st.disabled else 0.0)
-        store_ok = 1.0 if self.d.store.healthy else 0.0
+        store = self.d.store_health()
+        store_ok = 1.0 if store.healthy else 0.0
         succ.add_metric(["store"], store_ok)
         off.add_metric(["store"], 0.0)
         yield succ
@@ -315,9 +309,8 @@ class HangdCollector(Collector):
         yield from self.d.tick_histogram.collect()
         yield CounterMetricFamily("hangd_ticks", "Ticks run since start.", value=float(self.d.ticks))
         yield CounterMetricFamily("hangd_tick_failures", "Ticks that failed since start.", value=float(self.d.tick_failures))
-        with self.d.lock:
-            forgotten = self.d.analyzer.forgotten()
-            unreadable = self.d.analyzer.unreadable
+        forgotten = self.d.front.forgotten()
+        unreadable = self.d.front.unreadable()
         yield CounterMetricFamily("hangd_evidence_unreadable", "Evidence files (flight-recorder dumps) refused or "
                                   "undecodable; each is reported as a finding and the analysis goes on.",
                                   value=float(unreadable))
@@ -328,12 +321,12 @@ class HangdCollector(Collector):
             fc.add_metric([what], float(n))
         yield fc
         yield GaugeMetricFamily("hangd_store_pending_batches", "Writes queued because the store could not take them.",
-                                value=float(len(self.d.store.pending)))
+                                value=float(store.pending))
         yield CounterMetricFamily("hangd_store_write_failures", "Store writes that failed (and will be retried).",
-                                  value=float(self.d.store.write_failures_total))
+                                  value=float(store.write_failures))
         yield CounterMetricFamily("hangd_store_process_lists_superseded", "Lists of the processes queued for the "
                                   "store that a newer list replaced before they were written (the store was slower "
-                                  "than the ticks; the newest list is written).", value=float(self.d.store.superseded))
+                                  "than the ticks; the newest list is written).", value=float(store.superseded))
         last = self.d.last_tick_at
         yield GaugeMetricFamily("hangd_last_tick_timestamp_seconds", "When the last tick finished (Unix seconds).",
                                 value=float(last) if last else 0.0)

@@ -23,6 +23,8 @@ log = logging.getLogger("hangd.live")
 class LiveNode:
     """Samples the node: NVML first (it names the GPU processes), then /proc, logs and dumps."""
 
+    live = True  # a feed of hangd.daemon.Loop: sampling is part of a tick's cost
+
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.nvml = NvmlSource() if settings.nvml else None

@@ -31,7 +31,7 @@ def list_incidents(daemon: DaemonDep, _: AuthDep,
                    since: Annotated[float | None, Query(ge=0, le=1e11, description="opened at or after (Unix seconds)")] = None,
                    limit: Annotated[int, Query(ge=1, le=500)] = 50,
                    offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0) -> dict[str, Any]:
-    total, rows = daemon.store.list_incidents(status=status, kind=kind, job=job, since=since, limit=limit, offset=offset)
+    total, rows = daemon.list_incidents(status=status, kind=kind, job=job, since=since, limit=limit, offset=offset)
     return {"total": total, "limit": limit, "offset": offset, "incidents": rows}
 
 
@@ -42,16 +42,9 @@ def get_incident(incident_id: Annotated[int, Path(ge=1, le=2**62)], daemon: Daem
                  sig: Annotated[str | None, Query(max_length=64, description="the signature of the incident's own link "
                                                   "(hangd_incident_info's url): opens this incident without a token")] = None,
                  ) -> dict[str, Any]:
-    with daemon.lock:
-        live = daemon.analyzer.incident(incident_id)
-        d = live.to_dict() if live is not None else None
-    if d is None:
-        d = daemon.store.get_incident(incident_id)
+    d = daemon.incident(incident_id)
     if d is None:
         raise HTTPException(status_code=404, detail=f"no incident {incident_id}")
-    stored = daemon.store.get_incident(incident_id)
-    if stored is not None:
-        d["acked"] = stored["acked"]
     return _public(d, request)
 
 
@@ -60,9 +53,7 @@ def get_incident(incident_id: Annotated[int, Path(ge=1, le=2**62)], daemon: Daem
              summary="Acknowledge an incident")
 def ack_incident(incident_id: Annotated[int, Path(ge=1, le=2**62)], daemon: DaemonDep, _: WriteDep,
                  request: Request) -> dict[str, Any]:
-    d = daemon.store.ack(incident_id)
+    d = daemon.ack(incident_id)
     if d is None:
         raise HTTPException(status_code=404, detail=f"no incident {incident_id}")
-    with daemon.lock:
-        daemon.analyzer.ack(incident_id)
     return _public(d, request)
