@@ -553,13 +553,13 @@ class Analyzer:
             1 for tt, c in tr.episodes
             if tr.episode_start - th.straggler_window_s <= tt < tr.episode_start - 0.5 and c == tr.episode) >= 2
         # a rank the waiting ones wait for is working: they wait for a peer that works
-        peer_works = any((x := self.progress.of(o).last_strong) is not None and x > tr.episode_start
+        peer_works = any((x := self.progress.of(o).last) is not None and x > tr.episode_start
                          and t - x <= th.progress_recent_s for o in jv.live if o not in waiting)
         return {"hung": tr.hung, "exited": exited, "hung_why": hung_why, "hung_ref": hung_ref, "idle": idle, "idle_why": idle_why,
                 # a wait read off the GPU may be a blip; any wait while nothing moves may be a hang in
                 # the making; a wait for a peer that works is waiting_peer at once
                 "hold": bool(waiting) and not recurring and (
-                    (bool(jv.spinning) and t - tr.episode_start < th.hang_gpu_s)
+                    (bool(jv.spinning) and t - tr.episode_start < (th.hang_gpu_s if not peer_works else 2 * th.dwell_s))
                     or (not peer_works and jv.quiet < 2 * th.hang_host_s)),
                 "waiting": waiting, "serving": serving}
 

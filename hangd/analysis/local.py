@@ -40,9 +40,10 @@ def classify(s: ProcSignals, ctx: Context, th: Thresholds) -> Reading:
     # importing python packages at start reads too, but into nothing
     filling = (s.gpu_mem_rate > 0 or s.d_fraction >= th.filling_d_fraction) and (bool(s.gpu_indexes) or s.age_s >= th.startup_cpu_s)
     reading = filling and ((s.read_per_s or 0) >= th.load_read_per_s or (s.rchar_per_s or 0) >= th.load_rchar_per_s)
-    # a slow reader: bytes from the disk in bursts with sleeps between, long past start-up
-    slow_reading = (s.io_long_per_s or 0) >= th.load_read_per_s and s.io_active_s >= th.io_sustained_s and \
-        (s.read_per_s or 0) + (s.write_per_s or 0) >= th.io_bytes_per_s and \
+    # a slow reader: bytes from the disk (read_bytes) in bursts with sleeps between, long past start-up;
+    # reads only: a checkpoint writer's bytes go the other way
+    slow_reading = (s.in_long_per_s or 0) >= th.load_read_per_s and s.in_counter == "read_bytes" and \
+        s.in_active_s >= th.io_sustained_s and (s.in_long_per_s or 0) >= th.moving_ratio * (s.out_long_per_s or 0) and \
         (filling or s.age_s >= th.startup_cpu_s or (s.cpu_cores or 0) < th.busy_cpu_cores)  # imports burn CPU
     # compiler processes write and read their files: bytes moving under a compiling rank are its compile
     compiling = v.kind == "compiling" or (s.compile_children > 0 and (s.cpu_cores or 0) >= th.compile_cpu_cores)
@@ -53,7 +54,7 @@ def classify(s: ProcSignals, ctx: Context, th: Thresholds) -> Reading:
         elif reading:
             why = f"reading {((s.read_per_s or 0) + (s.rchar_per_s or 0)) / 1e6:.0f} MB/s from disk"
         elif slow_reading:
-            why = f"reading {(s.io_long_per_s or 0) / 1e6:.0f} MB/s from disk over the last {th.io_window_s:.0f} s"
+            why = f"reading {(s.in_long_per_s or 0) / 1e6:.0f} MB/s from disk over the last {th.io_window_s:.0f} s"
         elif v.kind == "loading":
             why = f"its stack is {v.why} ({v.frame})"
         else:
@@ -84,6 +85,7 @@ def classify(s: ProcSignals, ctx: Context, th: Thresholds) -> Reading:
     if v.kind == "compiling" or log_compiles or (s.compile_children > 0 and (s.cpu_cores or 0) >= th.compile_cpu_cores):
         why = f"its stack is compiling ({v.frame})" if v.kind == "compiling" else \
             f"{s.compile_children} compiler processes under it" if s.compile_children else \
+            "its log says it compiles" if "compiling" in s.log_kinds else \
             "its log said it compiles, and it has been on the CPU since"
         return Reading(Local.COMPILING, why)
     if g.spins(th):
@@ -102,6 +104,10 @@ def classify(s: ProcSignals, ctx: Context, th: Thresholds) -> Reading:
                        else f"sleeping in {s.wchan}: waiting for requests")
     if s.d_fraction >= th.io_wait_d_fraction:
         return Reading(Local.IO_WAIT, f"in uninterruptible I/O (wchan {s.wchan})")
+    if on_cpu and s.rss_change is not None and abs(s.rss_change) >= th.rss_change_bytes:
+        # moving data in host memory: a checkpoint's tensors coming off the GPU, a dataset decoded
+        return Reading(Local.BUSY, f"on CPU ({s.cpu_cores or 0:.1f} cores), host memory changed by "
+                                   f"{s.rss_change / GiB:+.2f} GiB over the last {th.window_s:.0f} s")
     if (s.cpu_cores or 0) >= th.busy_cpu_cores and s.state == "R":
         # the main thread runs; a side thread alone (a dump being written) is not the job working
         return Reading(Local.CPU, f"on CPU ({s.cpu_cores or 0:.1f} cores)")

@@ -86,8 +86,9 @@ class Decision:
     reason: str
 
 
-# Readings of a rank that holds others up without doing work of its own that explains it.
-_EXPLAINED = (Local.LOADING, Local.COMPILING, Local.GRAPH_CAPTURE, Local.WRITING, Local.SERVING)
+# Readings of a rank that does no work of its own: when its peers wait for it, it holds them up.
+# (A rank that works, on the GPU, loading, writing, compiling, is what they wait for, doing its part.)
+_IDLE_HANDS = (Local.QUIET, Local.CPU, Local.IO_WAIT, Local.WORKER_WAIT)
 _HOLDABLE = (Local.SPINNING, Local.WAITING, Local.QUIET, Local.CPU, Local.STOPPED, Local.WORKER_WAIT)
 
 
@@ -126,7 +127,7 @@ def _waits_for_peer(e: Evidence) -> str | None:
 def _holds_others_up(e: Evidence) -> str | None:
     if e.local == Local.STOPPED:
         return e.why + (f"; rank {e.peers_wait_for_it} wait for it" if e.peers_wait_for_it else "")
-    if not e.peers_wait_for_it or e.local in _EXPLAINED:
+    if not e.peers_wait_for_it or e.local not in _IDLE_HANDS:
         return None
     plural = "," in e.peers_wait_for_it
     return f"rank{'s' if plural else ''} {e.peers_wait_for_it} wait{'' if plural else 's'} for it in a collective; this rank: {e.why}"
