@@ -113,7 +113,8 @@ def _setting_up(e: Evidence) -> str | None:
 
 
 def _hold(e: Evidence) -> str | None:
-    if e.hold and e.previous not in (None, State.STARTING) and e.local in _HOLDABLE:
+    # a rank that set up but showed nothing else yet keeps "starting" through the first wait too
+    if e.hold and e.previous is not None and (e.previous != State.STARTING or not e.started) and e.local in _HOLDABLE:
         return e.why_previous or "keeps its state: a first wait or silence, shorter than the hang threshold"
     return None
 
