@@ -50,8 +50,14 @@ class History(StoreBase):
                     for r in rows][::-1]
 
 
-    def gpu_history(self, index: int, since: float) -> list[dict[str, Any]]:
+    def gpu_history(self, since: float, index: int | None = None, limit: int = 100_000) -> list[dict[str, Any]]:
+        """This node's GPU history from ``since`` (Unix seconds) on, oldest first per GPU: one row
+        per GPU and minute over, ``t`` its start, the means of its readings (None: not read).
+        The minute under way is not in it yet."""
+        q = select(m.GpuMinute).where(m.GpuMinute.node_id == self.node_id, m.GpuMinute.minute >= int(since // 60))
+        if index is not None:
+            q = q.where(m.GpuMinute.gpu_index == index)
         with self.Session() as s:
-            rows = s.scalars(select(m.GpuMinute).where(m.GpuMinute.gpu_index == index, m.GpuMinute.minute >= int(since // 60))
-                             .order_by(m.GpuMinute.minute))
-            return [{"t": r.minute * 60, "util": r.util, "sm": r.sm, "power_w": r.power_w, "mem_used": r.mem_used} for r in rows]
+            rows = s.scalars(q.order_by(m.GpuMinute.gpu_index, m.GpuMinute.minute).limit(limit))
+            return [{"gpu": r.gpu_index, "t": r.minute * 60, "util": r.util, "sm": r.sm, "power_w": r.power_w,
+                     "mem_used": r.mem_used} for r in rows]
