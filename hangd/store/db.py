@@ -8,8 +8,8 @@ module runs the migrations and assembles ``Store`` from one part per job, each i
   of them meanwhile; a SQLite file removed or replaced under hangd is made again;
 - ``rows``: the row mirror that writes only what changed of the processes, jobs and gpus tables;
 - ``incidents``: incident writes (with the fleet join) and reads; ``history``: the state
-  timeline; ``fleet``: the other nodes' ranks and jobs; ``frdumps``: flight-recorder rows;
-  ``retention``: what is deleted when.
+  timeline and the GPUs' minutes; ``fleet``: the other nodes' ranks and jobs; ``frdumps``:
+  flight-recorder rows; ``retention``: what is deleted when.
 
 PostgreSQL is shared by a fleet: the lock is per node name, so every node's hangd writes the
 same database, each its own rows (``node_id``). Each node numbers its incidents in a residue class
