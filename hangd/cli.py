@@ -73,6 +73,32 @@ def _status_job(args: argparse.Namespace) -> int:
     return exitcodes.FOUND if incidents else exitcodes.OK
 
 
+def _minutes(text: str) -> int:
+    """An argparse ``type``: whole minutes, 1 to a day."""
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if not 1 <= v <= 1440:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of minutes from 1 to 1440")
+    return v
+
+
+def _status_gpu_history(args: argparse.Namespace) -> int:
+    from hangd.status import daemon_gpu_history, render_gpu_history
+
+    h = daemon_gpu_history(_settings(args), args.gpu_history)
+    if not h["answered"]:
+        _warn((h["error"] or f"no hangd serve answers at {h['url']}") + ": GPU history is what hangd serve "
+              "records. HINT: run hangd serve on this node, or set listen (HANGD_LISTEN) to where it listens")
+        return exitcodes.CANNOT_RUN
+    if args.json:
+        _dump(h)
+    else:
+        print(render_gpu_history(h))
+    return exitcodes.OK
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from hangd.status import collect_status, nothing_to_watch, render_status, status_found
 
@@ -80,6 +106,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         raise ConfigError("--seconds must be > 0")
     if args.job:
         return _status_job(args)
+    if args.gpu_history is not None:
+        return _status_gpu_history(args)
     s = _settings(args)
     _quiet_source_logs(args)
     st = collect_status(s, seconds=args.seconds)
@@ -211,12 +239,16 @@ def build_parser() -> argparse.ArgumentParser:
         "see a hang itself). Exit 1 when an incident is open or a job is hung; 3 when no GPU can be seen\n"
         "and no job runs; 4 when nothing is found but hangd serve did not answer (one line on stderr\n"
         "says at which address): its incidents are unknown, not none.",
-        "  hangd status\n  hangd status --seconds 5\n  hangd status --json | jq '.processes[] | {pid, state}'"))
+        "  hangd status\n  hangd status --seconds 5\n  hangd status --json | jq '.processes[] | {pid, state}'\n"
+        "  hangd status --gpu-history 60"))
     st.add_argument("--json", action="store_true", help="one JSON document instead of the table, e.g. hangd status --json")
     st.add_argument("--seconds", type=seconds_arg(0, 3600), default=2.0, metavar="S",
                     help="observe this long to measure rates (default 2), e.g. --seconds 5")
     st.add_argument("--job", metavar="KEY", help="the whole job as every node reports it, from the database the nodes "
                     "share (--db or the configured one), e.g. --job rdzv:10.0.0.1:29500")
+    st.add_argument("--gpu-history", type=_minutes, nargs="?", const=30, metavar="MINUTES",
+                    help="every GPU's history, one line per minute, as this node's hangd serve recorded it (default "
+                    "the last 30 minutes), e.g. --gpu-history 60")
     st.add_argument("--db", metavar="URL", help="with --job: the database, e.g. --db postgresql+psycopg://hangd@db/hangd")
     st.set_defaults(func=cmd_status)
 

@@ -33,13 +33,11 @@ def _duration(s: float) -> str:
     return f"{s // 3600}h{(s % 3600) // 60:02d}m"
 
 
-def daemon_incidents(settings: Settings, timeout: float = 2.0) -> dict[str, Any]:
-    """The incidents open in this node's own daemon (``hangd serve`` at the ``listen`` setting).
-
-    A one-shot look of a few seconds cannot see a hang (that takes 10 s and more without progress);
-    the daemon has watched the jobs all along. Returns ``{"url", "answered", "error", "incidents"}``;
-    a daemon that does not answer (none listening, too slow, refusing) has ``answered`` false and
-    ``error`` saying why: its incidents are unknown, not none (``hangd status`` exits 4)."""
+def _daemon_get(settings: Settings, path: str, timeout: float) -> dict[str, Any]:
+    """GET ``path`` of this node's own daemon (``hangd serve`` at the ``listen`` setting). Returns
+    ``{"url", "answered", "error", "doc"}``; a daemon that does not answer (none listening, too slow,
+    refusing) has ``answered`` false and ``error`` saying why: what it knows is unknown, not none
+    (``hangd status`` exits 4)."""
     host, port = settings.host_port()
     host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
     ctx = None
@@ -53,8 +51,8 @@ def daemon_incidents(settings: Settings, timeout: float = 2.0) -> dict[str, Any]
         ctx.check_hostname = False
     scheme = "https" if tls else "http"
     base = f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
-    out: dict[str, Any] = {"url": base, "answered": False, "error": None, "incidents": []}
-    req = urllib.request.Request(base + "/incidents?status=open&limit=100")
+    out: dict[str, Any] = {"url": base, "answered": False, "error": None}
+    req = urllib.request.Request(base + path)
     try:  # it only reads: the read token when there is one, else the write token
         token = settings.resolved_read_token() or settings.resolved_token()
     except ConfigError as e:
@@ -81,8 +79,48 @@ def daemon_incidents(settings: Settings, timeout: float = 2.0) -> dict[str, Any]
         out["error"] = f"hangd serve at {base} answered something that is not its JSON: {e}"
         return out
     out["answered"] = True
-    out["incidents"] = [{**i, "source": "hangd serve"} for i in doc.get("incidents") or []]
+    out["doc"] = doc
     return out
+
+
+def daemon_incidents(settings: Settings, timeout: float = 2.0) -> dict[str, Any]:
+    """The incidents open in this node's own daemon (``hangd serve`` at the ``listen`` setting).
+
+    A one-shot look of a few seconds cannot see a hang (that takes 10 s and more without progress);
+    the daemon has watched the jobs all along. Returns ``{"url", "answered", "error", "incidents"}``."""
+    out = _daemon_get(settings, "/incidents?status=open&limit=100", timeout)
+    doc = out.pop("doc", None)
+    out["incidents"] = [{**i, "source": "hangd serve"} for i in (doc or {}).get("incidents") or []] \
+        if isinstance(doc, dict) else []
+    return out
+
+
+def daemon_gpu_history(settings: Settings, minutes: int, timeout: float = 5.0) -> dict[str, Any]:
+    """This node's GPU history over the last ``minutes``, one row per GPU and minute, as its
+    daemon recorded it (a look of a few seconds has none). Returns ``{"url", "answered",
+    "error", "minutes", "gpu_history"}``."""
+    out = _daemon_get(settings, f"/gpus/history?minutes={minutes}", timeout)
+    doc = out.pop("doc", None)
+    out["minutes"] = minutes
+    out["gpu_history"] = doc if isinstance(doc, list) else []
+    return out
+
+
+def render_gpu_history(h: dict[str, Any]) -> str:
+    """One line per GPU and minute, oldest first per GPU; '-' where the minute had no reading."""
+    lines = [f"GPU history of the last {h['minutes']} min at {h['url']} (per-minute means; the minute under way "
+             "is not in it yet)"]
+    if not h["gpu_history"]:
+        lines.append("No minute recorded yet.")
+        return "\n".join(lines)
+    lines.append(f"{'GPU':>3}  {'MINUTE':<25} {'UTIL':>5}  {'SM':>5}  {'POWER':>6}  {'MEMORY':>9}")
+    for r in h["gpu_history"]:
+        util = f"{r['util']:.0f}%" if r.get("util") is not None else "-"
+        sm = f"{r['sm']:.0f}%" if r.get("sm") is not None else "-"
+        power = f"{r['power_w']:.0f}W" if r.get("power_w") is not None else "-"
+        mem = _fmt_bytes(int(r["mem_used"])) if r.get("mem_used") is not None else "-"
+        lines.append(f"{r['gpu']:>3}  {iso_local(r['t']):<25} {util:>5}  {sm:>5}  {power:>6}  {mem:>9}")
+    return "\n".join(lines)
 
 
 def collect_status(settings: Settings, seconds: float = 2.0) -> dict[str, Any]:

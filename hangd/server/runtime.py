@@ -222,6 +222,12 @@ class Daemon:
                 j["flight_recorder"], j["fr_findings"] = fr["ranks"], fr["findings"]
         return out
 
+    def gpu_history(self, minutes: float, gpu: int | None = None) -> list[dict[str, Any]]:
+        """This node's GPU history over the last ``minutes`` (of the newest snapshot's clock: a
+        replay's is the trace's), one row per GPU and minute. Raises SQLAlchemyError when the
+        database cannot be read."""
+        return self.store.gpu_history((self.last_snapshot_t or time.time()) - minutes * 60, gpu)
+
     def collector_stats(self) -> dict[str, CollectorStats]:
         if self.node is None:
             return {"replay": CollectorStats(success=True, duration_s=0.0)}

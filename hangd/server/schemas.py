@@ -236,6 +236,22 @@ class GpuOut(BaseModel):
                                        "{xid, meaning, severity, t}")
 
 
+class GpuMinuteOut(BaseModel):
+    """One minute of a GPU's history: the means of that minute's readings; null where none was read."""
+
+    gpu: int = Field(description="the GPU's index on the node")
+    t: float = Field(description="the minute's start, Unix seconds")
+    util: float | None = Field(default=None, description="GPU utilization, %")
+    sm: float | None = Field(default=None, description="SM activity, % (GPM; null without GPM)")
+    power_w: float | None = Field(default=None, description="power, W")
+    mem_used: float | None = Field(default=None, description="memory used, bytes")
+
+    @computed_field(description="t as ISO-8601 (local time with offset)")  # type: ignore[prop-decorator]
+    @property
+    def t_iso(self) -> str | None:
+        return iso_field(self.t)
+
+
 class TimelineEntry(BaseModel):
     t: float
     pid: int

@@ -14,7 +14,7 @@ from hangd.humanize import iso_field
 from ..conftest import PLANTED_SECRET, TRACES
 from .conftest import serve
 
-ENDPOINTS = ["/incidents", "/incidents/1", "/jobs", "/processes", "/gpus", "/timeline", "/metrics", "/healthz",
+ENDPOINTS = ["/incidents", "/incidents/1", "/jobs", "/processes", "/gpus", "/gpus/history", "/timeline", "/metrics", "/healthz",
              "/readyz", "/openapi.json"]
 
 

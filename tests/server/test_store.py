@@ -257,7 +257,8 @@ def test_what_the_writer_remembers_of_rows_is_bounded_by_what_is_listed_now(tmp_
                  for k in range(max(0, i - 2), i + 1) for r in range(2)]
         st.submit(Batch(t=t0 + i, processes=procs, jobs=[{"job": f"j{k}", "state": "busy", "ranks": {}}
                                                          for k in range(max(0, i - 2), i + 1)]))
-    assert len(st._proc_rows) <= 6 and len(st._job_rows) <= 3, (len(st._proc_rows), len(st._job_rows))
+    procs, jobs = st._mirrors["processes"].rows, st._mirrors["jobs"].rows
+    assert len(procs) <= 6 and len(jobs) <= 3, (len(procs), len(jobs))
     with st.Session() as s:
         from sqlalchemy import func, select
 

@@ -6,9 +6,10 @@ import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Path, Query, Response
+from sqlalchemy.exc import SQLAlchemyError
 
 from hangd.server.deps import AuthDep, DaemonDep, WriteDep
-from hangd.server.schemas import GpuOut, JobOut, ProcessOut, TimelineEntry
+from hangd.server.schemas import GpuMinuteOut, GpuOut, JobOut, ProcessOut, TimelineEntry
 
 router = APIRouter(tags=["node"], responses={401: {"description": "a token is required (hangd listens off loopback)"}})
 
@@ -41,6 +42,19 @@ def gpus(daemon: DaemonDep, _: AuthDep, response: Response) -> list[dict[str, An
         # a header keeps the body a plain list of GPUs; latin-1 is what headers can carry
         response.headers["Hangd-Gpus-Unseen"] = unseen.encode("latin-1", "replace").decode("latin-1")[:1000]
     return [g.to_dict() for g in daemon.front.gpus()]
+
+
+@router.get("/gpus/history", response_model=list[GpuMinuteOut], summary="Every GPU's history, one row per minute",
+            description="The means of each minute's readings, oldest first per GPU, over the last `minutes`; the "
+            "minute under way is not in it yet. 503 while the database cannot be read.",
+            responses={503: {"description": "the database cannot be read (/readyz says why)"}})
+def gpu_history(daemon: DaemonDep, _: AuthDep, minutes: Annotated[int, Query(ge=1, le=1440)] = 30,
+                gpu: Annotated[int | None, Query(ge=0, le=1023)] = None) -> list[dict[str, Any]]:
+    try:
+        return daemon.gpu_history(minutes, gpu)
+    except SQLAlchemyError as e:
+        raise HTTPException(status_code=503, detail="the database cannot be read (see /readyz): "
+                            f"{type(e).__name__}") from None
 
 
 @router.get("/timeline", response_model=list[TimelineEntry], summary="State changes, oldest first")
