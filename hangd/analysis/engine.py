@@ -19,8 +19,8 @@ import logging
 from collections import deque
 from typing import Any
 
-from hangd.analysis import hardware, local, rankstate, report, stackcat
-from hangd.analysis.detectors import Env, exits, hang, mismatch, orphan, straggler
+from hangd.analysis import frjobs, gather, hardware, rankstate, stackcat
+from hangd.analysis.detectors import Env, exits, hang, orphan, straggler
 from hangd.analysis.identity import Job, group_jobs
 from hangd.analysis.local import REQUEST_WCHANS, Context, classify
 from hangd.analysis.model import (
@@ -35,14 +35,10 @@ from hangd.analysis.progress import ProgressBook
 from hangd.analysis.signals import NodeView, ProcHistory, ProcSignals, Thresholds, proc_signals
 from hangd.analysis.views import JobTrack, JobView, ProcTrack
 from hangd.evidence import Requests, decode_evidence
-from hangd.flightrec.analyze import Finding, analyze
 from hangd.incidents import Incident, IncidentBook
 from hangd.snapshot import GpuSample, RemoteDump, RemoteRank, Snapshot
 
 log = logging.getLogger("hangd.analysis")
-
-# Kernel wait points of a sleep in the process's own code (time.sleep), not a block on something.
-SLEEP_WCHANS = ("hrtimer_nanosleep", "do_nanosleep", "clock_nanosleep", "common_nsleep")
 
 __all__ = ["STATES", "Analyzer", "REQUEST_WCHANS", "Requests", "StateChange"]
 
@@ -88,15 +84,15 @@ class Analyzer:
             for rr in snap.remote:
                 self.remote.setdefault(rr.job, []).append(rr)
         t = snap.t
-        fr_jobs = self._remote_dumps_arrived(snap.remote_dumps) if snap.remote_dumps is not None else set()
+        fr_jobs = frjobs.remote_dumps_arrived(self, snap.remote_dumps) if snap.remote_dumps is not None else set()
         for pid in self.view.new_stacks:
             self._stack_arrived(pid, t)
         if snap.fr_dumps:
-            fr_jobs |= self._fr_arrived(snap, t)
+            fr_jobs |= frjobs.fr_arrived(self, snap, t)
         for job_id in sorted(fr_jobs):
-            self._fr_analyze(job_id, t)
+            frjobs.fr_analyze(self, job_id, t)
         for r in snap.ras:
-            self._ras_arrived(r, t)
+            frjobs.ras_arrived(self, r, t)
         if not snap.procs:
             return []
         out = self._evaluate(t)
@@ -283,154 +279,10 @@ class Analyzer:
             p.verdict, p.verdict_t = v, t
             p.verdict_wchan = _wait_point(h)
 
-    def _fr_arrived(self, snap: Snapshot, t: float) -> set[str]:
-        """Take in this node's dumps; the jobs that got one."""
-        by_job: dict[str, list[int]] = {}
-        for d in snap.fr_dumps:
-            if d.error is not None:
-                self.unreadable += 1
-                self._finding({"t": round(t, 3), "kind": "unreadable", "pid": d.pid, "rank": d.rank,
-                               "message": f"{d.path}: {d.error}", "source": d.source})
-                continue
-            dump = d.dump
-            if dump is None:
-                continue
-            pid = d.pid
-            # the job its process is a rank of (an exited rank stays in its job until it is forgotten),
-            # else the dumps of one folder are one job
-            job_id = next((j.id for j in self.job_defs.values() if pid in j.ranks), f"fr:{d.path.rsplit('/', 1)[0]}")
-            tr = self.job_tracks.setdefault(job_id, JobTrack())
-            rank = dump.rank if dump.rank is not None else d.rank
-            if rank is None:
-                continue
-            prev = tr.fr.get(rank)
-            if prev is not None and pid is not None:
-                old_done = max((s.get("last_completed_collective") or 0 for s in prev[1].pg_status.values()), default=0)
-                new_done = max((s.get("last_completed_collective") or 0 for s in dump.pg_status.values()), default=0)
-                if new_done > old_done:
-                    # credit when the newest completed collective was issued, not when the dump came
-                    created = [e.time_created_ns for e in dump.entries if e.completed and e.time_created_ns]
-                    at = min(t, max(created) / 1e9) if created else prev[0] + 0.01
-                    self.progress.credit(pid, at, f"flight recorder: completed collectives {old_done} -> {new_done}",
-                                         strong=True)
-            tr.fr[rank] = (t, dump)
-            if pid is not None:
-                tr.fr_pids[rank] = pid
-            by_job.setdefault(job_id, []).append(rank)
-            job = self.job_defs.get(job_id)
-            if self.node_name is not None and job is not None and job.spans_nodes:
-                self._fr_out[(job_id, rank)] = (t, dump)
-        return set(by_job)
-
-    def _remote_dumps_arrived(self, dumps: list[RemoteDump]) -> set[str]:
-        """Take in the other nodes' dumps; the jobs where one is new (or gone)."""
-        new: dict[str, dict[tuple[str, int], RemoteDump]] = {}
-        for d in dumps:
-            new.setdefault(d.job, {})[(d.node, d.rank)] = d
-        changed = set()
-        for job_id in set(new) | set(self.remote_dumps):
-            old = {k: d.read_at for k, d in self.remote_dumps.get(job_id, {}).items()}
-            if old != {k: d.read_at for k, d in new.get(job_id, {}).items()}:
-                changed.add(job_id)
-        self.remote_dumps = new
-        return changed
-
-    def _fr_analyze(self, job_id: str, t: float) -> None:
-        """Cross-rank findings over the job's dumps: this node's, and for a job that spans nodes
-        the other nodes' too. A dump read longer ago than the node-stale window, or from a node
-        that stopped reporting, is not compared (its rank would look behind the others): the node
-        is said to be silent instead."""
-        tr = self.job_tracks.setdefault(job_id, JobTrack())
-        job = self.job_defs.get(job_id)
-        spans = job is not None and job.spans_nodes
-        # this node's dumps of an earlier hang are not compared with the other nodes' of this one
-        dumps = {r: d for r, (at, d) in tr.fr.items() if not spans or at >= t - self.th.node_stale_s}
-        if not dumps:
-            return  # only the other nodes' dumps: their own nodes compare those
-        nodes: dict[int, str] = {}
-        silent: dict[str, list[RemoteDump]] = {}
-        for (node, rank), rd in sorted(self.remote_dumps.get(job_id, {}).items()) if job and job.spans_nodes else []:
-            if rank in dumps and rank not in nodes:
-                continue  # this node's own dump of the rank
-            if rd.reported_at < t - self.th.node_stale_s or rd.read_at < t - self.th.node_stale_s:
-                silent.setdefault(node, []).append(rd)
-                continue
-            dumps[rank], nodes[rank] = rd.dump, node
-        for node, rds in sorted(silent.items()):
-            rd = rds[0]
-            ranks = sorted(x.rank for x in rds)
-            plural = "s" if len(ranks) > 1 else ""
-            why = (f"no report since {report.clock(rd.reported_at)}" if rd.reported_at < t - self.th.node_stale_s
-                   else f"its newest flight-recorder dump{plural} (read at {report.clock(max(x.read_at for x in rds))}) "
-                        f"{'are' if plural else 'is'} older than {self.th.node_stale_s:.0f} s")
-            self._fr_finding(job_id, tr, Finding(
-                kind="node_silent", pg=None, seq=None, op=None, ranks=ranks, nodes={r: node for r in ranks},
-                message=f"{node}: {why}; the flight-recorder entries of its rank{plural} {', '.join(map(str, ranks))} "
-                        "are not compared"), t)
-        if len(dumps) < 2:
-            return
-        for f in analyze(list(dumps.values()), nodes=nodes):
-            self._fr_finding(job_id, tr, f, t)
-
-    def _fr_finding(self, job_id: str, tr: JobTrack, f: Finding, t: float) -> None:
-        key = _fr_key(f)
-        wider = None
-        if key in tr.fr_keys:
-            # the same finding over more ranks (the other nodes' dumps came after this node's own)
-            # takes the place of the narrower one; otherwise it is said once
-            wider = next((i for i, x in enumerate(tr.findings) if _fr_key(x) == key and _fr_width(x) < _fr_width(f)), None)
-            if wider is None:
-                return
-        if f.kind in ("missing_rank", "stuck") and self._job_progressing(job_id, t):
-            return  # a dump of a job that still progresses catches collectives in flight
-        tr.fr_keys.add(key)
-        f.source = "flight_recorder"
-        if wider is None:
-            tr.findings.append(f)
-        else:
-            tr.findings[wider] = f
-        self._finding({"t": round(t, 3), "job": job_id, **f.to_dict()})
-        if f.kind in mismatch.KINDS:
-            mismatch.step(self.env, job_id, self.job_defs.get(job_id), tr, f, t, wider=wider is not None)
-        inc = self.book.get(job_id, hang.FAMILY)
-        if inc is not None:
-            inc.findings = [x.to_dict() for x in tr.findings]
-            inc.evidence["flight_recorder"] = inc.findings
-            self.book.touch(inc, t, "flight-recorder findings attached")
-
-    def _ras_arrived(self, r: Any, t: float) -> None:
-        """NCCL RAS's view (which rank launched fewer operations, which are missing), attached to
-        the open hang incident of the job whose processes it names."""
-        st = r.status
-        if st is None:
-            return
-        d = {"t": round(t, 3), "kind": "nccl_ras", "source": "nccl_ras", **st.to_dict()}
-        self._finding(d)
-        pids = st.pids()
-        for (_job, family), inc in self.book.open.items():
-            if family == hang.FAMILY and pids & set(inc.pids):
-                inc.evidence["nccl_ras"] = d
-                behind = st.behind()
-                note = ("NCCL RAS: " + "; ".join(f"rank {x['rank']} (pid {x['pid']}) launched up to {st.op or 'operation'} "
-                                                  f"#{x['op']}" for x in sorted(st.launched, key=lambda x: x["rank"])))
-                if behind:
-                    inc.findings.append({"kind": "ras_behind", "source": "nccl_ras", "ranks": [x["rank"] for x in behind],
-                                         "pids": [x["pid"] for x in behind], "message": note})
-                self.book.touch(inc, t, note)
-
     def _finding(self, d: dict[str, Any]) -> None:
         if len(self.findings) == self.findings.maxlen:
             self.dropped["findings"] += 1
         self.findings.append(d)
-
-    def _job_progressing(self, job_id: str, t: float) -> bool:
-        job = self.job_defs.get(job_id)
-        if job is None:
-            return False
-        _, strong = self.progress.job_last(job.pids)
-        return strong is not None and strong >= t - self.th.stack_quiet_s
-
-    # ------------------------------------------------------------------ per tick
 
     def _context(self, pid: int, s: ProcSignals, t: float) -> Context:
         """What the engine knows of a process beyond its signals. A stack describes the process
@@ -512,12 +364,12 @@ class Analyzer:
     def _states(self, jv: JobView, orphans: set[int]) -> list[StateChange]:
         """Each rank's reported state: its evidence record, decided by ``rankstate``'s table."""
         job, tr, t, live = jv.job, jv.track, jv.t, jv.live
-        facts = self._job_facts(jv)
+        facts = gather.job_facts(self, jv)
         changes = []
         for pid in live:
             if jv.readings[pid].local == Local.ZOMBIE:
                 continue
-            ev = self._evidence(pid, jv, facts, pid in orphans)
+            ev = gather.evidence(self, pid, jv, facts, pid in orphans)
             d = rankstate.decide(ev)
             p = self._track(pid)
             p.started = p.started or ev.first_evidence or d.state not in (State.STARTING,)
@@ -532,207 +384,6 @@ class Analyzer:
                 p.state, p.since, p.pending = State.GONE, t, None
                 changes.append(StateChange(t, pid, job.ranks.get(pid), job.id, State.GONE, "the process exited"))
         return changes
-
-    def _job_facts(self, jv: JobView) -> dict[str, Any]:
-        """What the job says at this tick, the same for each of its ranks."""
-        th = self.th
-        job, tr, t = jv.job, jv.track, jv.t
-        waiting, serving = jv.waiting, jv.serving
-        hinc = self.book.get(job.id, hang.FAMILY)
-        hung_why = ""
-        hung_ref = f" (incident #{hinc.id} {hinc.kind})" if hinc else ""
-        if tr.hung:
-            hung_why = f"job hung: no rank has progressed for {jv.quiet:.0f} s"
-        exited = hinc is not None and hinc.kind == "rank_exited" and not tr.hung
-        if exited:
-            assert hinc is not None
-            hung_why = f"job hung: rank {', '.join(map(str, hinc.culprit_ranks))} exited and the others wait for it"
-        idle, idle_why = self._idle_server(jv)
-        # a pattern: at least two earlier waits in the window (one earlier blip is not one)
-        recurring = tr.episode is not None and sum(
-            1 for tt, c in tr.episodes
-            if tr.episode_start - th.straggler_window_s <= tt < tr.episode_start - 0.5 and c == tr.episode) >= 2
-        # a rank the waiting ones wait for is working: they wait for a peer that works
-        peer_works = any((x := self.progress.of(o).last) is not None and x > tr.episode_start
-                         and t - x <= th.progress_recent_s for o in jv.live if o not in waiting)
-        return {"hung": tr.hung, "exited": exited, "hung_why": hung_why, "hung_ref": hung_ref, "idle": idle, "idle_why": idle_why,
-                # a wait read off the GPU may be a blip; any wait while nothing moves may be a hang in
-                # the making; a wait for a peer that works is waiting_peer at once
-                "hold": bool(waiting) and not recurring and (
-                    (bool(jv.spinning) and t - tr.episode_start < (th.hang_gpu_s if not peer_works else 2 * th.dwell_s))
-                    or (not peer_works and jv.quiet < 2 * th.hang_host_s)),
-                "waiting": waiting, "serving": serving}
-
-    def _idle_server(self, jv: JobView) -> tuple[bool, str]:
-        """An idle server: ranks wait for one that waits for requests from outside the job, or the
-        ranks' collectives keep completing while none of them works (a scheduler polling an empty
-        queue and broadcasting empty batches many times a second)."""
-        job, live, t = jv.job, jv.live, jv.t
-        waiting, serving = jv.waiting, jv.serving
-        others = set(live) - waiting
-        if waiting and others and others <= serving:
-            coord = ", ".join(str(job.ranks[o]) for o in jv.by_rank(serving))
-            return True, f"idle server: waits for rank {coord}, which waits for requests"
-        if not waiting or not others:
-            return False, ""
-        working = (Local.BUSY, Local.LOADING, Local.WRITING, Local.COMPILING, Local.GRAPH_CAPTURE, Local.STOPPED,
-                   Local.WORKER_WAIT, Local.IO_WAIT)
-        if any(jv.readings[p].local in working for p in live):
-            return False, ""
-        if jv.last_strong is not None and t - jv.last_strong <= self.th.stack_quiet_s:
-            return False, ""  # something does work: the waits are for it
-        completing = [p for p in waiting if self._collectives_complete(p, jv)]
-        if not completing:
-            return False, ""
-        coord = ", ".join(str(job.ranks[o]) for o in jv.by_rank(others))
-        return True, (f"idle server: the collectives with rank {coord} keep completing "
-                      f"({jv.sigs[completing[0]].wakes_per_s or 0:.0f} a second) and no rank works")
-
-    def _collectives_complete(self, pid: int, jv: JobView) -> bool:
-        """Blocked in a collective whose main thread keeps waking: the collectives complete."""
-        s = jv.sigs[pid]
-        return self._last_wait(pid, s, jv.t) == "collective" and (s.wakes_per_s or 0) >= self.th.wake_per_s
-
-    def _evidence(self, pid: int, jv: JobView, facts: dict[str, Any], orphaned: bool) -> rankstate.Evidence:
-        """The record ``rankstate.decide`` judges: per source whether the rank moved, what it
-        waits on, what its job says."""
-        job, t = jv.job, jv.t
-        s, rd, p = jv.sigs[pid], jv.readings[pid], self._track(pid)
-        waiting, serving = facts["waiting"], facts["serving"]
-        progress, how = self._progress_record(pid, s, t)
-        waits_on, detail = self._waits_on(pid, jv)
-        loc = rd.local
-        peers = [w for w in waiting if w != pid]
-        peers_wait = ", ".join(str(job.ranks[w]) for w in jv.by_rank(peers)) \
-            if peers and pid not in waiting and pid not in serving else ""
-        it_waits_for = ", ".join(str(job.ranks[o]) for o in jv.by_rank([o for o in jv.live if o != pid and o not in waiting])) \
-            if loc.waits_for_peer else ""
-        worker_stuck = loc == Local.WORKER_WAIT and progress.get("children") != rankstate.Moved.YES
-        job_hung = facts["hung"] or (facts["exited"] and loc not in (Local.BUSY, Local.LOADING, Local.WRITING, Local.COMPILING))
-        why = rd.why + (f": {detail}" if detail and loc == Local.WORKER_WAIT else "")
-        return rankstate.Evidence(
-            local=loc, why=why, progress=progress, how=how, waits_on=waits_on, waits_detail=detail,
-            started=p.started, first_evidence=self._first_evidence(pid, jv), previous=p.state, why_previous=p.reason,
-            orphaned=orphaned, orphan_why=orphan.reason(self.view, pid) if orphaned else "",
-            job_hung=job_hung, hung_why=facts["hung_why"], hung_ref=facts["hung_ref"], age_s=s.age_s,
-            idle_server=facts["idle"] and not worker_stuck, idle_why=facts["idle_why"],
-            hold=facts["hold"], peers_wait_for_it=peers_wait, it_waits_for=it_waits_for)
-
-    def _progress_record(self, pid: int, s: ProcSignals, t: float) -> tuple[dict[str, rankstate.Moved], dict[str, str]]:
-        th = self.th
-        M = rankstate.Moved
-        out: dict[str, rankstate.Moved] = {}
-        how: dict[str, str] = {}
-
-        def put(src: str, known: bool, moved: bool, words: str = "") -> None:
-            out[src] = M.UNKNOWN if not known else (M.YES if moved else M.NO)
-            if moved and words:
-                how[src] = words
-
-        g = s.gpu
-        put("gpu_work", bool(s.gpu_indexes) and g.util is not None, g.works(th), "its GPU works")
-        put("cpu_own_code", s.cpu_cores is not None, (s.cpu_cores or 0) >= th.busy_cpu_cores,
-            f"on CPU ({s.cpu_cores or 0:.1f} cores)")
-        put("read", s.in_long_per_s is not None, local.moves(s, th, "in"),
-            f"read {(s.in_long_per_s or 0) / 1e6:.0f} MB/s ({s.in_counter})")
-        put("write", s.out_long_per_s is not None, local.moves(s, th, "out"),
-            f"wrote {(s.out_long_per_s or 0) / 1e6:.0f} MB/s ({s.out_counter})")
-        put("log", True, s.log_grew_at is not None and t - s.log_grew_at <= th.window_s, "wrote to its log")
-        put("collectives", s.wakes_per_s is not None, self._last_wait(pid, s, t) == "collective"
-            and (s.wakes_per_s or 0) >= th.wake_per_s, "its collectives complete")
-        p = self._track(pid)
-        put("stack", p.stack_sig_t is not None, bool(p.stack_sig_t and self.progress.of(pid).why.startswith("its stack")
-                                                     and t - (self.progress.of(pid).last or 0) <= th.window_s),
-            "its stack changed")
-        kids = self._children(pid)
-        put("children", bool(kids), any(self._child_works(c, t) for c in kids), "its workers work")
-        return out, how
-
-    def _children(self, pid: int) -> list[int]:
-        """Live processes it started (DataLoader workers, pool processes, subprocesses)."""
-        return [c for c, h in self.view.procs.items()
-                if h.gone_at is None and (lp := h.latest()) is not None and lp.ppid == pid and lp.state not in ("Z", "X")]
-
-    def _child_works(self, pid: int, t: float) -> bool:
-        win = self.view.proc_window(pid, t, self.th.window_s)
-        if len(win) < 2:
-            return False
-        (t0, a), (t1, b) = win[0], win[-1]
-        if None in (a.utime, a.stime, b.utime, b.stime) or t1 <= t0:
-            return False
-        return ((b.utime + b.stime) - (a.utime + a.stime)) / 100.0 / (t1 - t0) >= self.th.busy_cpu_cores / 2  # type: ignore[operator]
-
-    def _waits_on(self, pid: int, jv: JobView) -> tuple[rankstate.WaitsOn, str]:
-        """What it waits on, and for a worker of its own which one and what that one does."""
-        W = rankstate.WaitsOn
-        rd = jv.readings[pid]
-        loc = rd.local
-        if loc in (Local.SPINNING, Local.WAITING):
-            return W.PEER, ""
-        if loc == Local.STOPPED:
-            return W.STOPPED, ""
-        if loc == Local.SERVING:
-            return W.OUTSIDE, ""
-        if loc == Local.WORKER_WAIT:
-            kids = self._children(pid)
-            if not kids:
-                return W.OWN_WORKER, "a thread of its own"
-            words = []
-            for c in kids[:3]:
-                lp = self.view.procs[c].latest()
-                assert lp is not None
-                doing = "working" if self._child_works(c, jv.t) else \
-                    (f"sleeping in {lp.wchan}" if lp.wchan and lp.wchan != "0" else f"state {lp.state}")
-                words.append(f"pid {c} ({doing})")
-            name = "DataLoader worker" if "dataloader" in (self._track(pid).verdict.frame or "").lower() else "worker"
-            return W.OWN_WORKER, f"its {name}{'s' if len(kids) > 1 else ''} " + ", ".join(words) + \
-                (f" and {len(kids) - 3} more" if len(kids) > 3 else "")
-        kind = self._track(pid).verdict.kind
-        if kind == "lock_wait":
-            return W.LOCK, ""
-        if kind == "sleeping":
-            return W.SLEEP, ""
-        if loc in (Local.QUIET, Local.CPU, Local.IO_WAIT):
-            return W.UNKNOWN, ""
-        return W.NOTHING, ""
-
-    def _first_evidence(self, pid: int, jv: JobView) -> bool:
-        """Setting up ends with the first sign of what the process is for, whatever its age: GPU
-        work, memory beyond a CUDA context, loading, writing, capture, compiling, a wait, a request
-        loop, a stack that says where it is, CPU work of its own once the imports are over (its GPU
-        context exists, or past the setup window), or sleeping a few seconds after its setup."""
-        th = self.th
-        p = self._track(pid)
-        s = jv.sigs[pid]
-        loc = jv.readings[pid].local
-        t = jv.t
-        asleep = (s.cpu_cores or 0) < th.startup_quiet_cpu_cores and s.state in ("S", "I") and loc == Local.QUIET
-        p.quiet_since = (p.quiet_since if p.quiet_since is not None else t) if asleep else None
-        working = loc in (Local.LOADING, Local.WRITING, Local.IO_WAIT, Local.CPU, Local.BUSY)
-        p.working_since = (p.working_since if p.working_since is not None else t) if working else None
-        if loc == Local.WAITING and p.verdict.kind == "store":
-            return False  # the rendezvous of its start-up: still setting up (a hang says itself)
-        if loc in (Local.SERVING, Local.SPINNING, Local.WAITING, Local.WORKER_WAIT, Local.GRAPH_CAPTURE,
-                   Local.COMPILING, Local.STOPPED):
-            return True
-        if loc == Local.BUSY and s.gpu.works(th):
-            return True
-        fresh = p.verdict_t is not None and t - p.verdict_t <= th.stack_repeat_s
-        if working and fresh and p.verdict.kind == "importing":
-            return False  # its stack says it still imports
-        moving = loc in (Local.LOADING, Local.WRITING) and (bool(s.gpu_indexes) or s.age_s >= th.startup_imports_s) \
-            and t - (p.working_since or t) >= th.startup_work_s
-        if working and (fresh and p.verdict.known or s.age_s >= th.startup_cpu_s or moving):
-            # its own code (a stack says so), past the imports, or moving data faster than imports do
-            return True
-        if s.gpu_mem >= th.started_gpu_mem_bytes and loc == Local.QUIET and s.wchan in SLEEP_WCHANS:
-            return True  # set up (its memory is in) and asleep in a loop of its own: idle, not blocked
-        if loc == Local.QUIET and p.verdict.known and p.verdict_t is not None and p.verdict.kind != "importing":
-            return True
-        if p.quiet_since is not None and (t - p.quiet_since >= th.startup_quiet_s and s.age_s >= th.startup_quiet_s
-                                          or s.age_s >= th.startup_cpu_s + th.startup_quiet_s):
-            return True
-        return s.age_s >= th.startup_max_s
 
     def _set_state(self, pid: int, job: Job, state: State, reason: str, t: float, s: ProcSignals) -> StateChange | None:
         p = self._track(pid)
@@ -805,14 +456,6 @@ class Analyzer:
             if tr.fr_asked is None or t - tr.fr_asked > th.fr_rerequest_s:
                 tr.fr_asked = t
                 self.requests.fr_dumps.extend(live)
-
-
-def _fr_key(f: Finding) -> tuple[str, str | None, int | None, tuple[str, ...]]:
-    return f.kind, f.pg, f.seq, tuple(sorted(set(f.nodes.values()))) if f.kind == "node_silent" else ()
-
-
-def _fr_width(f: Finding) -> int:
-    return len(set(f.ranks) | set(f.missing_ranks))
 
 
 def _wait_point(h: ProcHistory) -> str | None:

@@ -1,0 +1,173 @@
+"""Flight-recorder dumps and NCCL RAS answers arriving: this node's dumps and the other nodes',
+compared across the ranks of each job; the findings attached to the job's open hang.
+
+Functions of the analyzer's state (its job tracks, incident book, findings), called by
+``Analyzer.step`` as evidence comes in.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from hangd.analysis import report
+from hangd.analysis.detectors import hang, mismatch
+from hangd.analysis.views import JobTrack
+from hangd.flightrec.analyze import Finding, analyze
+from hangd.snapshot import RemoteDump, Snapshot
+
+if TYPE_CHECKING:
+    from hangd.analysis.engine import Analyzer
+
+
+def fr_arrived(an: Analyzer, snap: Snapshot, t: float) -> set[str]:
+    """Take in this node's dumps; the jobs that got one."""
+    by_job: dict[str, list[int]] = {}
+    for d in snap.fr_dumps:
+        if d.error is not None:
+            an.unreadable += 1
+            an._finding({"t": round(t, 3), "kind": "unreadable", "pid": d.pid, "rank": d.rank,
+                           "message": f"{d.path}: {d.error}", "source": d.source})
+            continue
+        dump = d.dump
+        if dump is None:
+            continue
+        pid = d.pid
+        # the job its process is a rank of (an exited rank stays in its job until it is forgotten),
+        # else the dumps of one folder are one job
+        job_id = next((j.id for j in an.job_defs.values() if pid in j.ranks), f"fr:{d.path.rsplit('/', 1)[0]}")
+        tr = an.job_tracks.setdefault(job_id, JobTrack())
+        rank = dump.rank if dump.rank is not None else d.rank
+        if rank is None:
+            continue
+        prev = tr.fr.get(rank)
+        if prev is not None and pid is not None:
+            old_done = max((s.get("last_completed_collective") or 0 for s in prev[1].pg_status.values()), default=0)
+            new_done = max((s.get("last_completed_collective") or 0 for s in dump.pg_status.values()), default=0)
+            if new_done > old_done:
+                # credit when the newest completed collective was issued, not when the dump came
+                created = [e.time_created_ns for e in dump.entries if e.completed and e.time_created_ns]
+                at = min(t, max(created) / 1e9) if created else prev[0] + 0.01
+                an.progress.credit(pid, at, f"flight recorder: completed collectives {old_done} -> {new_done}",
+                                     strong=True)
+        tr.fr[rank] = (t, dump)
+        if pid is not None:
+            tr.fr_pids[rank] = pid
+        by_job.setdefault(job_id, []).append(rank)
+        job = an.job_defs.get(job_id)
+        if an.node_name is not None and job is not None and job.spans_nodes:
+            an._fr_out[(job_id, rank)] = (t, dump)
+    return set(by_job)
+
+def remote_dumps_arrived(an: Analyzer, dumps: list[RemoteDump]) -> set[str]:
+    """Take in the other nodes' dumps; the jobs where one is new (or gone)."""
+    new: dict[str, dict[tuple[str, int], RemoteDump]] = {}
+    for d in dumps:
+        new.setdefault(d.job, {})[(d.node, d.rank)] = d
+    changed = set()
+    for job_id in set(new) | set(an.remote_dumps):
+        old = {k: d.read_at for k, d in an.remote_dumps.get(job_id, {}).items()}
+        if old != {k: d.read_at for k, d in new.get(job_id, {}).items()}:
+            changed.add(job_id)
+    an.remote_dumps = new
+    return changed
+
+def fr_analyze(an: Analyzer, job_id: str, t: float) -> None:
+    """Cross-rank findings over the job's dumps: this node's, and for a job that spans nodes
+    the other nodes' too. A dump read longer ago than the node-stale window, or from a node
+    that stopped reporting, is not compared (its rank would look behind the others): the node
+    is said to be silent instead."""
+    tr = an.job_tracks.setdefault(job_id, JobTrack())
+    job = an.job_defs.get(job_id)
+    spans = job is not None and job.spans_nodes
+    # this node's dumps of an earlier hang are not compared with the other nodes' of this one
+    dumps = {r: d for r, (at, d) in tr.fr.items() if not spans or at >= t - an.th.node_stale_s}
+    if not dumps:
+        return  # only the other nodes' dumps: their own nodes compare those
+    nodes: dict[int, str] = {}
+    silent: dict[str, list[RemoteDump]] = {}
+    for (node, rank), rd in sorted(an.remote_dumps.get(job_id, {}).items()) if job and job.spans_nodes else []:
+        if rank in dumps and rank not in nodes:
+            continue  # this node's own dump of the rank
+        if rd.reported_at < t - an.th.node_stale_s or rd.read_at < t - an.th.node_stale_s:
+            silent.setdefault(node, []).append(rd)
+            continue
+        dumps[rank], nodes[rank] = rd.dump, node
+    for node, rds in sorted(silent.items()):
+        rd = rds[0]
+        ranks = sorted(x.rank for x in rds)
+        plural = "s" if len(ranks) > 1 else ""
+        why = (f"no report since {report.clock(rd.reported_at)}" if rd.reported_at < t - an.th.node_stale_s
+               else f"its newest flight-recorder dump{plural} (read at {report.clock(max(x.read_at for x in rds))}) "
+                    f"{'are' if plural else 'is'} older than {an.th.node_stale_s:.0f} s")
+        fr_finding(an, job_id, tr, Finding(
+            kind="node_silent", pg=None, seq=None, op=None, ranks=ranks, nodes={r: node for r in ranks},
+            message=f"{node}: {why}; the flight-recorder entries of its rank{plural} {', '.join(map(str, ranks))} "
+                    "are not compared"), t)
+    if len(dumps) < 2:
+        return
+    for f in analyze(list(dumps.values()), nodes=nodes):
+        fr_finding(an, job_id, tr, f, t)
+
+def fr_finding(an: Analyzer, job_id: str, tr: JobTrack, f: Finding, t: float) -> None:
+    key = _fr_key(f)
+    wider = None
+    if key in tr.fr_keys:
+        # the same finding over more ranks (the other nodes' dumps came after this node's own)
+        # takes the place of the narrower one; otherwise it is said once
+        wider = next((i for i, x in enumerate(tr.findings) if _fr_key(x) == key and _fr_width(x) < _fr_width(f)), None)
+        if wider is None:
+            return
+    if f.kind in ("missing_rank", "stuck") and job_progressing(an, job_id, t):
+        return  # a dump of a job that still progresses catches collectives in flight
+    tr.fr_keys.add(key)
+    f.source = "flight_recorder"
+    if wider is None:
+        tr.findings.append(f)
+    else:
+        tr.findings[wider] = f
+    an._finding({"t": round(t, 3), "job": job_id, **f.to_dict()})
+    if f.kind in mismatch.KINDS:
+        mismatch.step(an.env, job_id, an.job_defs.get(job_id), tr, f, t, wider=wider is not None)
+    inc = an.book.get(job_id, hang.FAMILY)
+    if inc is not None:
+        inc.findings = [x.to_dict() for x in tr.findings]
+        inc.evidence["flight_recorder"] = inc.findings
+        an.book.touch(inc, t, "flight-recorder findings attached")
+
+def ras_arrived(an: Analyzer, r: Any, t: float) -> None:
+    """NCCL RAS's view (which rank launched fewer operations, which are missing), attached to
+    the open hang incident of the job whose processes it names."""
+    st = r.status
+    if st is None:
+        return
+    d = {"t": round(t, 3), "kind": "nccl_ras", "source": "nccl_ras", **st.to_dict()}
+    an._finding(d)
+    pids = st.pids()
+    for (_job, family), inc in an.book.open.items():
+        if family == hang.FAMILY and pids & set(inc.pids):
+            inc.evidence["nccl_ras"] = d
+            behind = st.behind()
+            note = ("NCCL RAS: " + "; ".join(f"rank {x['rank']} (pid {x['pid']}) launched up to {st.op or 'operation'} "
+                                              f"#{x['op']}" for x in sorted(st.launched, key=lambda x: x["rank"])))
+            if behind:
+                inc.findings.append({"kind": "ras_behind", "source": "nccl_ras", "ranks": [x["rank"] for x in behind],
+                                     "pids": [x["pid"] for x in behind], "message": note})
+            an.book.touch(inc, t, note)
+
+
+def job_progressing(an: Analyzer, job_id: str, t: float) -> bool:
+    job = an.job_defs.get(job_id)
+    if job is None:
+        return False
+    _, strong = an.progress.job_last(job.pids)
+    return strong is not None and strong >= t - an.th.stack_quiet_s
+
+# ------------------------------------------------------------------ per tick
+
+
+def _fr_key(f: Finding) -> tuple[str, str | None, int | None, tuple[str, ...]]:
+    return f.kind, f.pg, f.seq, tuple(sorted(set(f.nodes.values()))) if f.kind == "node_silent" else ()
+
+
+def _fr_width(f: Finding) -> int:
+    return len(set(f.ranks) | set(f.missing_ranks))

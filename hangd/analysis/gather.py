@@ -1,0 +1,225 @@
+"""The evidence record of each rank (what ``rankstate.decide`` judges), gathered from the engine's
+views at one tick: what each source says moved, what the rank waits on, what its job says.
+
+These read the analyzer's state (its node view, progress book, tracks and incidents) and change
+only the small per-process bookkeeping that setting up needs (since when it has been quiet or
+working); they decide nothing themselves.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from hangd.analysis import local, rankstate
+from hangd.analysis.detectors import hang, orphan
+from hangd.analysis.model import Local
+from hangd.analysis.signals import ProcSignals
+from hangd.analysis.views import JobView
+
+if TYPE_CHECKING:
+    from hangd.analysis.engine import Analyzer
+
+# Kernel wait points of a sleep in the process's own code (time.sleep), not a block on something.
+SLEEP_WCHANS = ("hrtimer_nanosleep", "do_nanosleep", "clock_nanosleep", "common_nsleep")
+
+
+def job_facts(an: Analyzer, jv: JobView) -> dict[str, Any]:
+    """What the job says at this tick, the same for each of its ranks."""
+    th = an.th
+    job, tr, t = jv.job, jv.track, jv.t
+    waiting, serving = jv.waiting, jv.serving
+    hinc = an.book.get(job.id, hang.FAMILY)
+    hung_why = ""
+    hung_ref = f" (incident #{hinc.id} {hinc.kind})" if hinc else ""
+    if tr.hung:
+        hung_why = f"job hung: no rank has progressed for {jv.quiet:.0f} s"
+    exited = hinc is not None and hinc.kind == "rank_exited" and not tr.hung
+    if exited:
+        assert hinc is not None
+        hung_why = f"job hung: rank {', '.join(map(str, hinc.culprit_ranks))} exited and the others wait for it"
+    idle, idle_why = idle_server(an, jv)
+    # a pattern: at least two earlier waits in the window (one earlier blip is not one)
+    recurring = tr.episode is not None and sum(
+        1 for tt, c in tr.episodes
+        if tr.episode_start - th.straggler_window_s <= tt < tr.episode_start - 0.5 and c == tr.episode) >= 2
+    # a rank the waiting ones wait for is working: they wait for a peer that works
+    peer_works = any((x := an.progress.of(o).last) is not None and x > tr.episode_start
+                     and t - x <= th.progress_recent_s for o in jv.live if o not in waiting)
+    return {"hung": tr.hung, "exited": exited, "hung_why": hung_why, "hung_ref": hung_ref, "idle": idle, "idle_why": idle_why,
+            # a wait read off the GPU may be a blip; any wait while nothing moves may be a hang in
+            # the making; a wait for a peer that works is waiting_peer at once
+            "hold": bool(waiting) and not recurring and (
+                (bool(jv.spinning) and t - tr.episode_start < (th.hang_gpu_s if not peer_works else 2 * th.dwell_s))
+                or (not peer_works and jv.quiet < 2 * th.hang_host_s)),
+            "waiting": waiting, "serving": serving}
+
+def idle_server(an: Analyzer, jv: JobView) -> tuple[bool, str]:
+    """An idle server: ranks wait for one that waits for requests from outside the job, or the
+    ranks' collectives keep completing while none of them works (a scheduler polling an empty
+    queue and broadcasting empty batches many times a second)."""
+    job, live, t = jv.job, jv.live, jv.t
+    waiting, serving = jv.waiting, jv.serving
+    others = set(live) - waiting
+    if waiting and others and others <= serving:
+        coord = ", ".join(str(job.ranks[o]) for o in jv.by_rank(serving))
+        return True, f"idle server: waits for rank {coord}, which waits for requests"
+    if not waiting or not others:
+        return False, ""
+    working = (Local.BUSY, Local.LOADING, Local.WRITING, Local.COMPILING, Local.GRAPH_CAPTURE, Local.STOPPED,
+               Local.WORKER_WAIT, Local.IO_WAIT)
+    if any(jv.readings[p].local in working for p in live):
+        return False, ""
+    if jv.last_strong is not None and t - jv.last_strong <= an.th.stack_quiet_s:
+        return False, ""  # something does work: the waits are for it
+    completing = [p for p in waiting if collectives_complete(an, p, jv)]
+    if not completing:
+        return False, ""
+    coord = ", ".join(str(job.ranks[o]) for o in jv.by_rank(others))
+    return True, (f"idle server: the collectives with rank {coord} keep completing "
+                  f"({jv.sigs[completing[0]].wakes_per_s or 0:.0f} a second) and no rank works")
+
+def collectives_complete(an: Analyzer, pid: int, jv: JobView) -> bool:
+    """Blocked in a collective whose main thread keeps waking: the collectives complete."""
+    s = jv.sigs[pid]
+    return an._last_wait(pid, s, jv.t) == "collective" and (s.wakes_per_s or 0) >= an.th.wake_per_s
+
+def evidence(an: Analyzer, pid: int, jv: JobView, facts: dict[str, Any], orphaned: bool) -> rankstate.Evidence:
+    """The record ``rankstate.decide`` judges: per source whether the rank moved, what it
+    waits on, what its job says."""
+    job, t = jv.job, jv.t
+    s, rd, p = jv.sigs[pid], jv.readings[pid], an._track(pid)
+    waiting, serving = facts["waiting"], facts["serving"]
+    progress, how = progress_record(an, pid, s, t)
+    waiting_on, detail = waits_on(an, pid, jv)
+    loc = rd.local
+    peers = [w for w in waiting if w != pid]
+    peers_wait = ", ".join(str(job.ranks[w]) for w in jv.by_rank(peers)) \
+        if peers and pid not in waiting and pid not in serving else ""
+    it_waits_for = ", ".join(str(job.ranks[o]) for o in jv.by_rank([o for o in jv.live if o != pid and o not in waiting])) \
+        if loc.waits_for_peer else ""
+    worker_stuck = loc == Local.WORKER_WAIT and progress.get("children") != rankstate.Moved.YES
+    job_hung = facts["hung"] or (facts["exited"] and loc not in (Local.BUSY, Local.LOADING, Local.WRITING, Local.COMPILING))
+    why = rd.why + (f": {detail}" if detail and loc == Local.WORKER_WAIT else "")
+    return rankstate.Evidence(
+        local=loc, why=why, progress=progress, how=how, waits_on=waiting_on, waits_detail=detail,
+        started=p.started, first_evidence=first_evidence(an, pid, jv), previous=p.state, why_previous=p.reason,
+        orphaned=orphaned, orphan_why=orphan.reason(an.view, pid) if orphaned else "",
+        job_hung=job_hung, hung_why=facts["hung_why"], hung_ref=facts["hung_ref"], age_s=s.age_s,
+        idle_server=facts["idle"] and not worker_stuck, idle_why=facts["idle_why"],
+        hold=facts["hold"], peers_wait_for_it=peers_wait, it_waits_for=it_waits_for)
+
+def progress_record(an: Analyzer, pid: int, s: ProcSignals, t: float) -> tuple[dict[str, rankstate.Moved], dict[str, str]]:
+    th = an.th
+    M = rankstate.Moved
+    out: dict[str, rankstate.Moved] = {}
+    how: dict[str, str] = {}
+
+    def put(src: str, known: bool, moved: bool, words: str = "") -> None:
+        out[src] = M.UNKNOWN if not known else (M.YES if moved else M.NO)
+        if moved and words:
+            how[src] = words
+
+    g = s.gpu
+    put("gpu_work", bool(s.gpu_indexes) and g.util is not None, g.works(th), "its GPU works")
+    put("cpu_own_code", s.cpu_cores is not None, (s.cpu_cores or 0) >= th.busy_cpu_cores,
+        f"on CPU ({s.cpu_cores or 0:.1f} cores)")
+    put("read", s.in_long_per_s is not None, local.moves(s, th, "in"),
+        f"read {(s.in_long_per_s or 0) / 1e6:.0f} MB/s ({s.in_counter})")
+    put("write", s.out_long_per_s is not None, local.moves(s, th, "out"),
+        f"wrote {(s.out_long_per_s or 0) / 1e6:.0f} MB/s ({s.out_counter})")
+    put("log", True, s.log_grew_at is not None and t - s.log_grew_at <= th.window_s, "wrote to its log")
+    put("collectives", s.wakes_per_s is not None, an._last_wait(pid, s, t) == "collective"
+        and (s.wakes_per_s or 0) >= th.wake_per_s, "its collectives complete")
+    p = an._track(pid)
+    put("stack", p.stack_sig_t is not None, bool(p.stack_sig_t and an.progress.of(pid).why.startswith("its stack")
+                                                 and t - (an.progress.of(pid).last or 0) <= th.window_s),
+        "its stack changed")
+    kids = children(an, pid)
+    put("children", bool(kids), any(child_works(an, c, t) for c in kids), "its workers work")
+    return out, how
+
+def children(an: Analyzer, pid: int) -> list[int]:
+    """Live processes it started (DataLoader workers, pool processes, subprocesses)."""
+    return [c for c, h in an.view.procs.items()
+            if h.gone_at is None and (lp := h.latest()) is not None and lp.ppid == pid and lp.state not in ("Z", "X")]
+
+def child_works(an: Analyzer, pid: int, t: float) -> bool:
+    win = an.view.proc_window(pid, t, an.th.window_s)
+    if len(win) < 2:
+        return False
+    (t0, a), (t1, b) = win[0], win[-1]
+    if None in (a.utime, a.stime, b.utime, b.stime) or t1 <= t0:
+        return False
+    return ((b.utime + b.stime) - (a.utime + a.stime)) / 100.0 / (t1 - t0) >= an.th.busy_cpu_cores / 2  # type: ignore[operator]
+
+def waits_on(an: Analyzer, pid: int, jv: JobView) -> tuple[rankstate.WaitsOn, str]:
+    """What it waits on, and for a worker of its own which one and what that one does."""
+    W = rankstate.WaitsOn
+    rd = jv.readings[pid]
+    loc = rd.local
+    if loc in (Local.SPINNING, Local.WAITING):
+        return W.PEER, ""
+    if loc == Local.STOPPED:
+        return W.STOPPED, ""
+    if loc == Local.SERVING:
+        return W.OUTSIDE, ""
+    if loc == Local.WORKER_WAIT:
+        kids = children(an, pid)
+        if not kids:
+            return W.OWN_WORKER, "a thread of its own"
+        words = []
+        for c in kids[:3]:
+            lp = an.view.procs[c].latest()
+            assert lp is not None
+            doing = "working" if child_works(an, c, jv.t) else \
+                (f"sleeping in {lp.wchan}" if lp.wchan and lp.wchan != "0" else f"state {lp.state}")
+            words.append(f"pid {c} ({doing})")
+        name = "DataLoader worker" if "dataloader" in (an._track(pid).verdict.frame or "").lower() else "worker"
+        return W.OWN_WORKER, f"its {name}{'s' if len(kids) > 1 else ''} " + ", ".join(words) + \
+            (f" and {len(kids) - 3} more" if len(kids) > 3 else "")
+    kind = an._track(pid).verdict.kind
+    if kind == "lock_wait":
+        return W.LOCK, ""
+    if kind == "sleeping":
+        return W.SLEEP, ""
+    if loc in (Local.QUIET, Local.CPU, Local.IO_WAIT):
+        return W.UNKNOWN, ""
+    return W.NOTHING, ""
+
+def first_evidence(an: Analyzer, pid: int, jv: JobView) -> bool:
+    """Setting up ends with the first sign of what the process is for, whatever its age: GPU
+    work, memory beyond a CUDA context, loading, writing, capture, compiling, a wait, a request
+    loop, a stack that says where it is, CPU work of its own once the imports are over (its GPU
+    context exists, or past the setup window), or sleeping a few seconds after its setup."""
+    th = an.th
+    p = an._track(pid)
+    s = jv.sigs[pid]
+    loc = jv.readings[pid].local
+    t = jv.t
+    asleep = (s.cpu_cores or 0) < th.startup_quiet_cpu_cores and s.state in ("S", "I") and loc == Local.QUIET
+    p.quiet_since = (p.quiet_since if p.quiet_since is not None else t) if asleep else None
+    working = loc in (Local.LOADING, Local.WRITING, Local.IO_WAIT, Local.CPU, Local.BUSY)
+    p.working_since = (p.working_since if p.working_since is not None else t) if working else None
+    if loc == Local.WAITING and p.verdict.kind == "store":
+        return False  # the rendezvous of its start-up: still setting up (a hang says itself)
+    if loc in (Local.SERVING, Local.SPINNING, Local.WAITING, Local.WORKER_WAIT, Local.GRAPH_CAPTURE,
+               Local.COMPILING, Local.STOPPED):
+        return True
+    if loc == Local.BUSY and s.gpu.works(th):
+        return True
+    fresh = p.verdict_t is not None and t - p.verdict_t <= th.stack_repeat_s
+    if working and fresh and p.verdict.kind == "importing":
+        return False  # its stack says it still imports
+    moving = loc in (Local.LOADING, Local.WRITING) and (bool(s.gpu_indexes) or s.age_s >= th.startup_imports_s) \
+        and t - (p.working_since or t) >= th.startup_work_s
+    if working and (fresh and p.verdict.known or s.age_s >= th.startup_cpu_s or moving):
+        # its own code (a stack says so), past the imports, or moving data faster than imports do
+        return True
+    if s.gpu_mem >= th.started_gpu_mem_bytes and loc == Local.QUIET and s.wchan in SLEEP_WCHANS:
+        return True  # set up (its memory is in) and asleep in a loop of its own: idle, not blocked
+    if loc == Local.QUIET and p.verdict.known and p.verdict_t is not None and p.verdict.kind != "importing":
+        return True
+    if p.quiet_since is not None and (t - p.quiet_since >= th.startup_quiet_s and s.age_s >= th.startup_quiet_s
+                                      or s.age_s >= th.startup_cpu_s + th.startup_quiet_s):
+        return True
+    return s.age_s >= th.startup_max_s
