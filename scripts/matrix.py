@@ -228,7 +228,7 @@ def record(c: dict[str, str], out: Path) -> dict[str, Any]:
     shutil.rmtree(job, ignore_errors=True)
     job.mkdir(parents=True)
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
     rec = subprocess.Popen([sys.executable, "-m", "hangd", "record", "--out", str(d), "--seconds", str(MAX_S + 30),
                             "--hz", "4", "--stacks-every", "10", "--fr-every", "10"], cwd=ROOT, env=env,
                            stdout=open(job / "record.log", "w"), stderr=subprocess.STDOUT,
@@ -265,7 +265,7 @@ def record(c: dict[str, str], out: Path) -> dict[str, Any]:
         if todo is None:
             continue
         # the driver's fault: some seconds into the culprit's phase (after its first phase line)
-        ref = first_line(truth, cul, ("idle",) if todo == "request" else ("busy", "loading", "compiling"))
+        ref = first_line(truth, cul, ("idle",) if c["phase"].startswith("serve_") else ("busy", "loading", "compiling"))
         delay = 6.0 if todo == "request" else (12.0 if c["phase"] == "compile" else 6.0)
         if ref is None or time.time() < ref["t"] + delay:
             continue
@@ -392,7 +392,7 @@ def expect(c: dict[str, str], truth: list[dict[str, Any]], worker_pid: int | Non
     left = any(x["phase"] in ("hung:peer_gone",) for x in truth)
     if left:
         e["incident_kind"] = "rank_exited"
-    elif gpu and c["phase"] != "serve_accept":
+    elif gpu:
         e["incident_kind"] = "nccl_stall"  # a peer spins in an NCCL collective
     else:
         e["incident_kind"] = "host_stall"
