@@ -364,14 +364,14 @@ def finish_truth(truth: list[dict[str, Any]], actions: list[dict[str, Any]], gon
             died = gone.get(pid)
             if died is not None and died < dead_at + 5.0:
                 continue  # it saw its peer leave (gloo: connection closed) and crashed: gone below
-            # hung from when it waits for the one that left: at once if it was already waiting
-            lines = [x for x in out if x["pid"] == pid]
+            # hung from when it needs the one that left: at once, unless it was working alone (reading,
+            # writing, compiling), then from its next line that is not such work
+            lines = [x for x in truth if x["pid"] == pid]
             cur = [x for x in lines if x["t"] <= dead_at]
-            later = [x for x in lines if x["t"] > dead_at and x["state"] not in ("busy", "loading", "compiling")]
-            at = dead_at if cur and cur[-1]["state"] in ("waiting_peer", "idle", "hung") else (
-                later[0]["t"] if later else None)
+            later = [x for x in lines if x["t"] > dead_at and not x.get("solo")]
+            at = dead_at if cur and not cur[-1].get("solo") else (later[0]["t"] if later else None)
             if at is not None:
-                out = [x for x in out if not (x["pid"] == pid and x["t"] > at)]
+                out = [x for x in out if not (x["pid"] == pid and x["t"] >= at)]
                 out.append({"t": at, "pid": pid, "rank": rank, "state": "hung", "phase": "hung:peer_gone"})
     for pid, t in gone.items():
         if pid in pid_rank:

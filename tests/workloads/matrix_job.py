@@ -49,11 +49,20 @@ CULPRIT = 1
 PHASE_S = float(os.environ.get("MATRIX_PHASE_S", "7"))  # healthy work before the fault
 
 
-def truth(state: str, phase: str, job_hung: bool = False) -> None:
+LAST_STATE = ""
+
+
+def truth(state: str, phase: str, job_hung: bool = False, solo: bool = False) -> None:
+    """A truth line; ``solo``: the rank works alone in it (reads, writes, compiles: no collective), so a
+    peer that leaves meanwhile makes it hang only once it next needs that peer."""
+    global LAST_STATE
+    LAST_STATE = state
     line: dict[str, Any] = {"t": round(time.time(), 3), "pid": os.getpid(), "rank": RANK, "state": state,
                             "phase": phase}
     if job_hung:
         line["job_hung"] = True
+    if solo:
+        line["solo"] = True
     with open(os.path.join(A.jobdir, f"truth_{RANK}.jsonl"), "a") as f:
         f.write(json.dumps(line) + "\n")
 
@@ -280,7 +289,7 @@ def read_shards(paths: list[str], seconds: float, mode: str) -> int:
 
 def load(mode: str, fault: str, how: str) -> None:
 
-    truth("busy", "busy:write_shards")  # writing files is work too (and the shards are fresh)
+    truth("busy", "busy:write_shards", solo=True)  # writing files is work too (and the shards are fresh)
     paths = make_shards(4, 32)
     if mode != "load_disk":
         read_shards(paths, 0.5, "load_cache")  # now in the page cache
@@ -288,7 +297,7 @@ def load(mode: str, fault: str, how: str) -> None:
         fd = os.open(p, os.O_RDONLY)
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         os.close(fd)
-    truth("loading", f"loading:{mode}")
+    truth("loading", f"loading:{mode}", solo=True)
     seconds = PHASE_S if RANK == 1 else PHASE_S * 0.6
     culprit = RANK == CULPRIT
     if culprit and fault == "thread_dies":
@@ -314,7 +323,7 @@ def compile_phase(fault: str, how: str) -> None:
     import torch.distributed as dist
 
     dev = device()
-    truth("compiling", "compiling:torch.compile")
+    truth("compiling", "compiling:torch.compile", solo=True)
     m = torch.nn.Sequential(torch.nn.Linear(128, 128), torch.nn.GELU(), torch.nn.Linear(128, 64)).to(dev)
     f = torch.compile(m)
     with torch.no_grad():
@@ -355,7 +364,7 @@ def checkpoint(fault: str, how: str) -> None:
     train(PHASE_S * 0.5, dl=False)
     writer = RANK == 0
     if writer:
-        truth("busy", "busy:checkpoint_save")
+        truth("busy", "busy:checkpoint_save", solo=True)
         path = os.path.join(A.jobdir, "ckpt.pt")
         mb = int(os.environ.get("MATRIX_CKPT_MB", "480"))
         if fault == "thread_dies":
@@ -385,6 +394,8 @@ def sync_point(fault: str, how: str) -> None:
         truth("gone", "exited_early")
         dist.destroy_process_group()
         sys.exit(0)
+    if LAST_STATE != "waiting_peer":
+        truth("waiting_peer", f"waiting_peer:{'new_group' if how == 'store' else 'barrier'}")
     if how == "store":
         dist.new_group(backend="gloo")
     else:
