@@ -142,7 +142,7 @@ def cells(n: int = 64, seed: int = SEED) -> list[dict[str, str]]:
 
 HOLD_S = 22.0  # recorded after the hang begins (a rank stopped, blocked for good, or left the job)
 HEALTHY_S = 16.0  # recorded of an idle server after it is ready
-MAX_S = 120.0  # the most a cell runs, from its launch
+MAX_S = 120.0  # the most a cell runs, from its launch (twice that for a cold torch.compile)
 
 
 def estimate_s(c: dict[str, str]) -> int:
@@ -242,7 +242,7 @@ def record(c: dict[str, str], out: Path) -> dict[str, Any]:
     cul = culprit(c)
     todo = c["fault"] if c["fault"] in ("sigstop", "sigkill") else ("request" if c["phase"].startswith("serve_")
                                                                    and c["fault"] != "none" else None)
-    end = t0 + MAX_S
+    end = t0 + MAX_S * (2 if c["phase"] == "compile" else 1)
     while time.time() < end:
         time.sleep(0.25)
         tree(launcher.pid, pids)
@@ -384,8 +384,13 @@ def finish_truth(truth: list[dict[str, Any]], actions: list[dict[str, Any]], gon
 def expect(c: dict[str, str], truth: list[dict[str, Any]], worker_pid: int | None) -> dict[str, Any]:
     """What a good diagnosis of the cell must contain (the keys of h200x2-more/README.md)."""
     hung = [x for x in truth if x["state"] == "hung"]
-    e: dict[str, Any] = {"hang": bool(hung)}
+    last = {x["pid"]: x["state"] for x in truth}
+    e: dict[str, Any] = {"hang": bool(hung) and "hung" in last.values()}
     gpu = os.environ.get("MATRIX_DEVICE") == "cuda"
+    if hung and not e["hang"]:
+        # a rank stalled for seconds after its peer died, then crashed too: the job failed, it does not hang
+        e["must_not_open"] = ["straggler"]
+        return e
     if not hung:
         e["must_not_open"] = ["nccl_stall", "host_stall", "io_stall", "rank_exited", "straggler"]
         return e
