@@ -64,7 +64,11 @@ def score(trace_dir: str, states: list[dict[str, Any]], lag_s: float = 6.0, hung
                 ok += 1
             else:
                 wrong.append((sec - math.ceil(t0), want, got))
-        per_pid[pid] = {"seconds": n, "right": ok, "accuracy": ok / n if n else 1.0, "wrong": wrong[:20]}
+        confusion: dict[str, int] = {}
+        for _, want, got in wrong:
+            confusion[f"{want}->{got}"] = confusion.get(f"{want}->{got}", 0) + 1
+        per_pid[pid] = {"seconds": n, "right": ok, "accuracy": ok / n if n else 1.0, "wrong": wrong[:20],
+                        "confusion": confusion}
         total += n
         right += ok
     return {"accuracy": right / total if total else 1.0, "seconds": total, "per_pid": per_pid,

@@ -480,6 +480,17 @@ def report(dirs: list[Path]) -> list[dict[str, Any]]:
                 for pid, v in r["per_pid"].items():
                     if v["accuracy"] < 0.999:
                         print(f"      pid {pid}: {v['accuracy']:.2f} wrong (s, truth, said): {v['wrong'][:8]}")
+        # the mistakes by kind: truth -> what was said, seconds and cells
+        conf: dict[tuple[str, str], list[Any]] = {}
+        for r in part:
+            for v in r["per_pid"].values():
+                for pair, n in v["confusion"].items():
+                    k = tuple(pair.split("->"))
+                    conf.setdefault(k, [0, set()])
+                    conf[k][0] += n
+                    conf[k][1].add(r["cell"])
+        for (want, got), (n, cs) in sorted(conf.items(), key=lambda kv: -kv[1][0]):
+            print(f"   truth {want:12s} said {got:12s} {n:4d} s in {len(cs)} cells: {', '.join(sorted(cs))}")
         good = sum(r["accuracy"] >= 0.95 for r in part)
         inc_ok = sum(not r["problems"] for r in part)
         mean = sum(r["accuracy"] for r in part) / len(part)

@@ -184,7 +184,8 @@ class Data:
     """A map-style dataset whose items cost a little CPU; one index makes its worker block forever."""
 
     def __init__(self, block_at: int, how: str) -> None:
-        self.block_at, self.how = block_at, how
+        # what a worker needs travels with the dataset: a worker may be a fresh interpreter (spawn)
+        self.block_at, self.how, self.jobdir, self.rank = block_at, how, A.jobdir, RANK
 
     def __len__(self) -> int:
         return 1 << 20
@@ -193,8 +194,10 @@ class Data:
         import torch
 
         if i == self.block_at:
+            global RANK
+            RANK = self.rank
             truth_line = {"t": round(time.time(), 3), "worker_pid": os.getpid(), "index": i}
-            with open(os.path.join(A.jobdir, f"worker_block_{RANK}.json"), "w") as f:
+            with open(os.path.join(self.jobdir, f"worker_block_{RANK}.json"), "w") as f:
                 json.dump(truth_line, f)
             wait_forever(self.how, f"nothing (DataLoader worker, item {i})")
         g = torch.Generator().manual_seed(i)
