@@ -466,20 +466,27 @@ def judge(d: Path) -> dict[str, Any]:
             "problems": expect_problems(e, incs, HANG_KINDS)}
 
 
-def report(dirs: list[Path]) -> list[dict[str, Any]]:
+def report(dirs: list[Path], md: Path | None = None) -> list[dict[str, Any]]:
     res = [judge(d) for d in dirs]
+    lines: list[str] = []
+
+    def say(*a: Any) -> None:
+        """The report goes to stdout and, with --md, to a file."""
+        print(*a)
+        lines.append(" ".join(str(x) for x in a))
+
     for label, check in (("tune", False), ("check", True)):
         part = [r for r in res if r["check"] == check]
         if not part:
             continue
-        print(f"== {label} set: {len(part)} cells")
+        say(f"== {label} set: {len(part)} cells")
         for r in part:
             flag = "ok " if r["accuracy"] >= 0.95 and not r["problems"] else "BAD"
-            print(f"{flag} {r['cell']:48s} {r['accuracy']:.3f} {'; '.join(r['problems'])}")
+            say(f"{flag} {r['cell']:48s} {r['accuracy']:.3f} {'; '.join(r['problems'])}")
             if flag == "BAD":
                 for pid, v in r["per_pid"].items():
                     if v["accuracy"] < 0.999:
-                        print(f"      pid {pid}: {v['accuracy']:.2f} wrong (s, truth, said): {v['wrong'][:8]}")
+                        say(f"      pid {pid}: {v['accuracy']:.2f} wrong (s, truth, said): {v['wrong'][:8]}")
         # the mistakes by kind: truth -> what was said, seconds and cells
         conf: dict[tuple[str, str], list[Any]] = {}
         for r in part:
@@ -490,12 +497,14 @@ def report(dirs: list[Path]) -> list[dict[str, Any]]:
                     conf[k][0] += n
                     conf[k][1].add(r["cell"])
         for (want, got), (n, cs) in sorted(conf.items(), key=lambda kv: -kv[1][0]):
-            print(f"   truth {want:12s} said {got:12s} {n:4d} s in {len(cs)} cells: {', '.join(sorted(cs))}")
+            say(f"   truth {want:12s} said {got:12s} {n:4d} s in {len(cs)} cells: {', '.join(sorted(cs))}")
         good = sum(r["accuracy"] >= 0.95 for r in part)
         inc_ok = sum(not r["problems"] for r in part)
         mean = sum(r["accuracy"] for r in part) / len(part)
-        print(f"-- {label}: mean accuracy {mean:.3f}; {good}/{len(part)} cells >= 0.95; "
+        say(f"-- {label}: mean accuracy {mean:.3f}; {good}/{len(part)} cells >= 0.95; "
               f"{inc_ok}/{len(part)} right about incidents")
+    if md is not None:
+        md.write_text("```\n" + "\n".join(lines) + "\n```\n")
     return res
 
 
@@ -508,9 +517,10 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=64, help="how many cells (at least the pairwise cover)")
     ap.add_argument("--skip-existing", action="store_true")
     ap.add_argument("--jobs", type=int, default=2, help="cells recorded at the same time")
+    ap.add_argument("--md", default="", help="with --score: also write the report to this file")
     a = ap.parse_args()
     if a.score is not None:
-        report(sorted(p.parent for p in Path(a.score).glob("*/expect.json")))
+        report(sorted(p.parent for p in Path(a.score).glob("*/expect.json")), Path(a.md) if a.md else None)
         return
     chosen = gpu_cells() if os.environ.get("MATRIX_DEVICE") == "cuda" else cells(a.n)
     if a.only:
