@@ -297,8 +297,7 @@ def record(c: dict[str, str], out: Path) -> dict[str, Any]:
     final = finish_truth(truth, actions, gone, t_end)
     merge_actions(d, actions)
     keep_only(d, pids, job)
-    subs = sorted([(str(job), "/var/tmp/job"), (str(ROOT), "/opt/job")], key=lambda x: -len(x[0]))
-    neutralize(d, subs)
+    neutralize(d, host_paths(job))
     meta = json.loads((d / "meta.json").read_text())
     ranks = {str(x["rank"]): x["pid"] for x in final if x["state"] == "starting"}
     meta.update({"scenario": name, "axes": c, "world_size": 2, "ranks": ranks, "t_end": t_end,
@@ -316,6 +315,28 @@ def record(c: dict[str, str], out: Path) -> dict[str, Any]:
     launcher_log = (job / "launcher.log").read_text(errors="replace")[-3000:]
     shutil.rmtree(job, ignore_errors=True)
     return {"cell": name, "truth": final, "expect": exp, "actions": actions, "log_tail": launcher_log}
+
+
+def host_paths(job: Path | None = None) -> list[tuple[str, str]]:
+    """This host's paths -> neutral ones (the job's folder, the checkout, the venv, Python's own)."""
+    subs = [(str(ROOT), "/opt/job"), (str(Path(sys.executable).parent.parent), "/opt/venv"),
+            (sys.base_prefix, "/usr/local")] + ([(str(job), "/var/tmp/job")] if job else [])
+    return sorted(subs, key=lambda x: -len(x[0]))
+
+
+def neutralize_cell(d: Path, subs: list[tuple[str, str]]) -> None:
+    """neutralize() over a finished cell, its gzipped trace too."""
+    gz = d / "trace.jsonl.gz"
+    if gz.exists():
+        with gzip.open(gz, "rt") as f:
+            text = f.read()
+        new = text
+        for a, r in subs:
+            new = new.replace(a, r)
+        if new != text:
+            with gzip.open(gz, "wt", compresslevel=9) as f:
+                f.write(new)
+    neutralize(d, subs)
 
 
 def finish_truth(truth: list[dict[str, Any]], actions: list[dict[str, Any]], gone: dict[int, float],
