@@ -121,6 +121,13 @@ def world(tmp_path_factory):
                 os.kill(j.launcher.pid, signal.SIGKILL)
             j.event_at = time.time()
         _watch(w, jobs, 45)
+        # the blocked DataLoader worker: watch until it has blocked its rank for 45 s (its training is slow here)
+        block = tmp / "ddp_loader_blocked" / "worker_block_1.json"
+        t_end = time.time() + 120
+        while not block.exists() and time.time() < t_end:
+            _watch(w, jobs, 1)
+        if block.exists():
+            _watch(w, jobs, json.loads(block.read_text())["t"] + 45 - time.time())
         for j in jobs:
             w["jobs"][j.name] = j
         # the jobs go; their incidents must resolve
@@ -245,9 +252,10 @@ def test_ddp_with_dataloader_workers_healthy_no_incident(world):
 def test_blocked_dataloader_worker_is_one_hang_naming_the_rank_and_its_worker(world):
     job = world["jobs"]["ddp_loader_blocked"]
     incs = _incidents_of(world, "ddp_loader_blocked")
+    assert (job.dir / "worker_block_1.json").exists(), "rank 1's DataLoader worker never blocked"
     assert [i["kind"] for i in incs] == ["host_stall"], [_detail(world, i) for i in incs]
     inc = _detail(world, incs[0])
-    worker = json.loads((job.dir / "worker_block_1.json").read_text())
+    worker = json.loads((job.dir / "worker_block_1.json").read_text())  # the worker writes it as it blocks
     assert inc["culprit_ranks"] == [1] and inc["culprit_pids"] == [_rank_pids(job)[1]], inc
     assert str(worker["worker_pid"]) in inc["summary"], inc["summary"]
     LATENCY["host_stall (DataLoader worker blocked)"] = round(inc["opened_at"] - worker["t"], 1)
