@@ -53,7 +53,13 @@ class Job:
         return p.read_text() if p.exists() else ""
 
     def kill(self) -> None:
+        kids = []  # a rank's DataLoader worker blocked forever does not notice its rank die
         for pid in self.pids:
+            try:
+                kids += [c.pid for c in psutil.Process(pid).children(recursive=True)]
+            except psutil.Error:
+                pass
+        for pid in self.pids + kids:
             for sig in (signal.SIGCONT, signal.SIGKILL):
                 try:
                     os.kill(pid, sig)
