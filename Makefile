@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test lint bench deps clean install uninstall mutate
+.PHONY: run test lint bench deps clean install uninstall mutate matrix matrix-score
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -62,6 +62,14 @@ bench: $(VENV)/.test-installed
 	$(BIN)/python -m benchmarks.overhead
 	$(BIN)/python -m benchmarks.api
 	$(BIN)/python -m benchmarks.procread
+
+# The job matrix (scripts/matrix.py): record every cell again into tests/data/traces/matrix-cpu (about 45 min
+# on two cores; MATRIX_ARGS="--only NAME,..." for some), and score the recorded cells, tune and check sets apart.
+matrix: $(VENV)/.test-installed
+	PYTHONPATH=$(CURDIR) $(BIN)/python scripts/matrix.py $(MATRIX_ARGS)
+
+matrix-score: $(VENV)/.test-installed
+	PYTHONPATH=$(CURDIR) $(BIN)/python scripts/matrix.py --score
 
 # Install as a systemd service (run as root): a venv in $(PREFIX), the unit, an env file example.
 # EXTRAS=postgres also installs the PostgreSQL driver, for a fleet's shared database:

@@ -8,6 +8,7 @@ a change may lag the truth.
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -63,8 +64,52 @@ def score(trace_dir: str, states: list[dict[str, Any]], lag_s: float = 6.0, hung
                 ok += 1
             else:
                 wrong.append((sec - math.ceil(t0), want, got))
-        per_pid[pid] = {"seconds": n, "right": ok, "accuracy": ok / n if n else 1.0, "wrong": wrong[:20]}
+        confusion: dict[str, int] = {}
+        for _, want, got in wrong:
+            confusion[f"{want}->{got}"] = confusion.get(f"{want}->{got}", 0) + 1
+        per_pid[pid] = {"seconds": n, "right": ok, "accuracy": ok / n if n else 1.0, "wrong": wrong[:20],
+                        "confusion": confusion}
         total += n
         right += ok
     return {"accuracy": right / total if total else 1.0, "seconds": total, "per_pid": per_pid,
             "hang_start": next((tt for tl in by_pid_truth.values() for tt, st in tl if st == "hung"), None)}
+
+
+def is_check_cell(name: str) -> bool:
+    """Whether a matrix cell is in the check set: a quarter of the cells, picked by a seeded hash of the
+    cell's name, never tuned on (scripts/matrix.py and its test both ask this)."""
+    import hashlib
+
+    return int(hashlib.sha256(f"hangd-matrix:{name}".encode()).hexdigest(), 16) % 4 == 0
+
+
+def expect_problems(expect: dict[str, Any], incidents: list[dict[str, Any]],
+                    hang_kinds: tuple[str, ...]) -> list[str]:
+    """What a replay's incidents miss of a trace's ``expect.json`` (empty when it meets it): no hang
+    incident where there is no hang, one where there is (of ``hang_kinds`` or the kind expected), the
+    expected kind with the culprit rank, the quoted cause, the flight-recorder seq and the pid the
+    summary must name; none of the kinds that must not open."""
+    kinds = [i["kind"] for i in incidents]
+    out = []
+    hangs = [i for i in incidents if i["kind"] in hang_kinds or i["kind"] == expect.get("incident_kind")]
+    if not expect["hang"] and hangs:
+        out.append(f"false hang incident {[i['kind'] for i in hangs]}")
+    if expect["hang"] and not hangs:
+        out.append(f"missed hang (incidents: {kinds})")
+    want = expect.get("incident_kind")
+    if want and hangs:
+        same = [i for i in incidents if i["kind"] == want]
+        if not same:
+            out.append(f"no {want} incident (got {kinds})")
+        else:
+            inc, summary = same[0], same[0].get("summary") or ""
+            if "culprit_rank" in expect and expect["culprit_rank"] not in (inc.get("culprit_ranks") or []):
+                out.append(f"culprit {inc.get('culprit_ranks')} != {expect['culprit_rank']}")
+            if "fr_seq_in_incident" in expect and str(expect["fr_seq_in_incident"]) not in json.dumps(inc):
+                out.append(f"flight-recorder seq {expect['fr_seq_in_incident']} not cited")
+            if "summary_quotes" in expect and expect["summary_quotes"] not in summary:
+                out.append(f"cause not quoted ({expect['summary_quotes']!r})")
+            if "summary_names_pid" in expect and str(expect["summary_names_pid"]) not in summary:
+                out.append(f"pid {expect['summary_names_pid']} (what the culprit waits on) not named")
+    out += [f"opened {k}" for k in expect.get("must_not_open", []) if k in kinds and not (hangs and k in hang_kinds)]
+    return out

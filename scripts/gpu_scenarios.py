@@ -49,6 +49,21 @@ def ras_query(timeout: float = 12.0) -> str:
     return query(DEFAULT_ADDR, timeout) or "RAS query: no answer"
 
 
+def kill_all(pids: list[int] | set[int], launcher: subprocess.Popen) -> None:
+    """Tear a job down: every pid (a stopped one is resumed first, so it dies now) and the launcher's group."""
+    for pid in sorted(pids):
+        for sig in (signal.SIGCONT, signal.SIGKILL):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+    try:
+        os.killpg(launcher.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    launcher.wait()
+
+
 def run(name: str, out: Path, hangd: list[str]) -> dict:
     seconds, action, at = SCENARIOS[name]
     d = out / name
@@ -91,17 +106,7 @@ def run(name: str, out: Path, hangd: list[str]) -> dict:
             ras = ras_query()
     actions.append({"t": round(time.time(), 3), "kind": "action", "what": "sigkill_all", "pid": None})
     rec.wait(timeout=60)
-    for pid in ranks:
-        for sig in (signal.SIGCONT, signal.SIGKILL):
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-    try:
-        os.killpg(launcher.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    launcher.wait()
+    kill_all(ranks, launcher)
     # merge: the driver's actions into the trace, the ranks' truth into truth.jsonl
     events = [json.loads(x) for x in (d / "trace.jsonl").read_text().splitlines() if x.strip()]
     events = sorted(events + actions, key=lambda e: e["t"])

@@ -33,12 +33,13 @@ LATENCY: dict[str, float] = {}
 
 
 class Job:
-    def __init__(self, tmp: Path, name: str, ranks: int, *args: str) -> None:
+    def __init__(self, tmp: Path, name: str, ranks: int, *args: str, cmd: list[str] | None = None) -> None:
         self.name = name
         self.dir = tmp / name
         self.dir.mkdir()
-        self.launcher = subprocess.Popen([sys.executable, str(WORKLOADS / "launch.py"), str(ranks), str(self.dir),
-                                          str(WORKLOADS / "gloo_job.py"), *args], cwd=ROOT, start_new_session=True,
+        cmd = cmd or [sys.executable, str(WORKLOADS / "launch.py"), str(ranks), str(self.dir),
+                      str(WORKLOADS / "gloo_job.py"), *args]
+        self.launcher = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True,
                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.pids: list[int] = []
         t_end = time.time() + 30
@@ -52,7 +53,13 @@ class Job:
         return p.read_text() if p.exists() else ""
 
     def kill(self) -> None:
+        kids = []  # a rank's DataLoader worker blocked forever does not notice its rank die
         for pid in self.pids:
+            try:
+                kids += [c.pid for c in psutil.Process(pid).children(recursive=True)]
+            except psutil.Error:
+                pass
+        for pid in self.pids + kids:
             for sig in (signal.SIGCONT, signal.SIGKILL):
                 try:
                     os.kill(pid, sig)
@@ -104,7 +111,12 @@ def world(tmp_path_factory):
         wave2 = [Job(tmp, "kill", 2, "train", "--steps", "0", "--step-sleep", "0.1"),
                  Job(tmp, "orphan", 2, "train", "--steps", "0", "--step-sleep", "0.1"),
                  Job(tmp, "sigstop", 2, "train", "--steps", "0", "--step-sleep", "0.1")]
-        jobs += wave2
+        # DDP training under torchrun with 2 DataLoader workers a rank: healthy, and rank 1's worker blocked
+        ddp = [Job(tmp, name, 2, cmd=[sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                                      "--master-port", str(free_port()), str(WORKLOADS / "matrix_job.py"), "torchrun",
+                                      "train", fault, "event", str(tmp / name)])
+               for name, fault in (("ddp_healthy", "none"), ("ddp_loader_blocked", "dl_blocks"))]
+        jobs += wave2 + ddp
         _wait_steps(wave2, 10, 60)
         actions = {"kill": (signal.SIGKILL, 1), "sigstop": (signal.SIGSTOP, 1)}
         for j in wave2:
@@ -115,6 +127,13 @@ def world(tmp_path_factory):
                 os.kill(j.launcher.pid, signal.SIGKILL)
             j.event_at = time.time()
         _watch(w, jobs, 45)
+        # the blocked DataLoader worker: watch until it has blocked its rank for 45 s (its training is slow here)
+        block = tmp / "ddp_loader_blocked" / "worker_block_1.json"
+        t_end = time.time() + 120
+        while not block.exists() and time.time() < t_end:
+            _watch(w, jobs, 1)
+        if block.exists():
+            _watch(w, jobs, json.loads(block.read_text())["t"] + 45 - time.time())
         for j in jobs:
             w["jobs"][j.name] = j
         # the jobs go; their incidents must resolve
@@ -222,6 +241,32 @@ def test_stopped_rank_is_the_culprit_of_the_stall(world):
     assert ("HangdJobHung", str(incs[0]["id"])) in world["firing"]
 
 
+def _rank_pids(job: Job) -> dict[int, int]:
+    """rank -> pid, from the truth lines the matrix workload writes."""
+    out = {}
+    for f in job.dir.glob("truth_*.jsonl"):
+        line = json.loads(f.read_text().splitlines()[0])
+        out[line["rank"]] = line["pid"]
+    return out
+
+
+def test_ddp_with_dataloader_workers_healthy_no_incident(world):
+    incs = _incidents_of(world, "ddp_healthy")
+    assert not incs, [_detail(world, i) for i in incs]
+
+
+def test_blocked_dataloader_worker_is_one_hang_naming_the_rank_and_its_worker(world):
+    job = world["jobs"]["ddp_loader_blocked"]
+    incs = _incidents_of(world, "ddp_loader_blocked")
+    assert (job.dir / "worker_block_1.json").exists(), "rank 1's DataLoader worker never blocked"
+    assert [i["kind"] for i in incs] == ["host_stall"], [_detail(world, i) for i in incs]
+    inc = _detail(world, incs[0])
+    worker = json.loads((job.dir / "worker_block_1.json").read_text())  # the worker writes it as it blocks
+    assert inc["culprit_ranks"] == [1] and inc["culprit_pids"] == [_rank_pids(job)[1]], inc
+    assert str(worker["worker_pid"]) in inc["summary"], inc["summary"]
+    LATENCY["host_stall (DataLoader worker blocked)"] = round(inc["opened_at"] - worker["t"], 1)
+
+
 def test_no_false_incident_and_everything_resolves_once_the_jobs_are_gone(world):
     # hangd watches every process of the node: a job of another run on the same machine (a second copy
     # of this suite hangs its own deadlock job on purpose) gets its own incident, rightly, and only our
@@ -229,6 +274,7 @@ def test_no_false_incident_and_everything_resolves_once_the_jobs_are_gone(world)
     ours = {p for j in world["jobs"].values() for p in j.pids}
     hang = [i for i in world["incidents"].values()
             if i["kind"] in ("host_stall", "nccl_stall", "io_stall") and set(i["pids"]) & ours]
-    assert {tuple(sorted(i["pids"])) for i in hang} <= {tuple(sorted(world["jobs"][n].pids)) for n in ("deadlock", "sigstop")}
+    assert {tuple(sorted(i["pids"])) for i in hang} <= {tuple(sorted(world["jobs"][n].pids))
+                                                       for n in ("deadlock", "sigstop", "ddp_loader_blocked")}
     still_open = [i for i in world["after"] if i["status"] == "open" and set(i["pids"]) & ours]
     assert not still_open, still_open

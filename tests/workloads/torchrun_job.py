@@ -66,14 +66,16 @@ def train(steps: int, step_sleep: float, x: torch.Tensor, first: int = 0) -> int
     return first + steps
 
 
-def slow_read(path: str, seconds: float, chunk: int, pause: float) -> None:
+def slow_read(path: str, seconds: float, chunk: int, pause: float, drop: bool = True) -> int:
+    """Read ``path`` in ``chunk``s with ``pause`` between them for ``seconds``, again and again; with
+    ``drop`` each pass first drops the file from the page cache (the reads reach the disk)."""
     before, t0, total = proc_io(), time.monotonic(), 0
     log(f"io before read_bytes={before.get('read_bytes')} rchar={before.get('rchar')}")
     fd = os.open(path, os.O_RDONLY)
     try:
         while time.monotonic() - t0 < seconds:
-            # each pass drops the file from the page cache first, so the reads reach the disk
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            if drop:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             off = 0
             while time.monotonic() - t0 < seconds:
                 b = os.pread(fd, chunk, off)
@@ -88,6 +90,7 @@ def slow_read(path: str, seconds: float, chunk: int, pause: float) -> None:
     log(f"io after read_bytes={after.get('read_bytes')} rchar={after.get('rchar')} "
         f"read {total} B in {dt:.1f} s ({total / dt / 1e6:.0f} MB/s; disk read_bytes "
         f"{(after.get('read_bytes', 0) - before.get('read_bytes', 0)) / dt / 1e6:.0f} MB/s)")
+    return total
 
 
 def main() -> None:
