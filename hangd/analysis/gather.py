@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from hangd.analysis import local, rankstate
 from hangd.analysis.detectors import hang, orphan
-from hangd.analysis.model import Local
+from hangd.analysis.model import Local, Reading
 from hangd.analysis.signals import ProcSignals
 from hangd.analysis.views import JobView
 
@@ -99,7 +99,7 @@ def evidence(an: Analyzer, pid: int, jv: JobView, facts: dict[str, Any], orphane
         if loc.waits_for_peer else ""
     worker_stuck = loc == Local.WORKER_WAIT and progress.get("children") != rankstate.Moved.YES
     job_hung = facts["hung"] or (facts["exited"] and loc not in (Local.BUSY, Local.LOADING, Local.WRITING, Local.COMPILING))
-    why = rd.why + (f": {detail}" if detail and loc == Local.WORKER_WAIT else "")
+    why = rd.why
     return rankstate.Evidence(
         local=loc, why=why, progress=progress, how=how, waits_on=waiting_on, waits_detail=detail,
         started=p.started, first_evidence=first_evidence(an, pid, jv), previous=p.state, why_previous=p.reason,
@@ -174,7 +174,7 @@ def waits_on(an: Analyzer, pid: int, jv: JobView) -> tuple[rankstate.WaitsOn, st
             doing = "working" if child_works(an, c, jv.t) else \
                 (f"sleeping in {lp.wchan}" if lp.wchan and lp.wchan != "0" else f"state {lp.state}")
             words.append(f"pid {c} ({doing})")
-        name = "DataLoader worker" if "dataloader" in (an._track(pid).verdict.frame or "").lower() else "worker"
+        name = "DataLoader worker" if any("dataloader" in f for f in an._track(pid).stack_sig) else "worker"
         return W.OWN_WORKER, f"its {name}{'s' if len(kids) > 1 else ''} " + ", ".join(words) + \
             (f" and {len(kids) - 3} more" if len(kids) > 3 else "")
     kind = an._track(pid).verdict.kind
@@ -210,10 +210,13 @@ def first_evidence(an: Analyzer, pid: int, jv: JobView) -> bool:
     fresh = p.verdict_t is not None and t - p.verdict_t <= th.stack_repeat_s
     if working and fresh and p.verdict.kind == "importing":
         return False  # its stack says it still imports
+    lp = an.view.procs[pid].latest()
+    dist_up = lp is not None and bool(lp.dist_threads)
     moving = loc in (Local.LOADING, Local.WRITING) and (bool(s.gpu_indexes) or s.age_s >= th.startup_imports_s) \
         and t - (p.working_since or t) >= th.startup_work_s
-    if working and (fresh and p.verdict.known or s.age_s >= th.startup_cpu_s or moving):
-        # its own code (a stack says so), past the imports, or moving data faster than imports do
+    if working and (fresh and p.verdict.known or s.age_s >= th.startup_cpu_s or moving or dist_up):
+        # its own code (a stack says so), past the imports, moving data faster than imports do, or its
+        # process group is up (torch.distributed's threads run: imports and init are over)
         return True
     if s.gpu_mem >= th.started_gpu_mem_bytes and loc == Local.QUIET and s.wchan in SLEEP_WCHANS:
         return True  # set up (its memory is in) and asleep in a loop of its own: idle, not blocked
@@ -223,3 +226,14 @@ def first_evidence(an: Analyzer, pid: int, jv: JobView) -> bool:
                                       or s.age_s >= th.startup_cpu_s + th.startup_quiet_s):
         return True
     return s.age_s >= th.startup_max_s
+
+
+def name_workers(an: Analyzer, jv: JobView) -> None:
+    """A rank blocked on a worker of its own says which one and what that one does, in its reading
+    (what incidents quote): "its DataLoader worker pid 4242 (sleeping in futex_wait)"."""
+    for pid, rd in list(jv.readings.items()):
+        if rd.local == Local.WORKER_WAIT:
+            _, detail = waits_on(an, pid, jv)
+            if detail:
+                jv.readings[pid] = Reading(rd.local, f"{rd.why}: {detail}")
+                an.tracks[pid].reading = jv.readings[pid]

@@ -95,6 +95,9 @@ def classify(s: ProcSignals, ctx: Context, th: Thresholds) -> Reading:
                        f"spinning on the GPU: util {g.util or 0:.0f}% with the memory controller idle")
     if v.kind in WAIT_VERDICTS:
         return Reading(Local.WAITING, f"its stack is {v.why}: {v.frame}")
+    if v.kind == "backward" and s.state in ("S", "D") and (s.cpu_cores or 0) < th.cpu_active_cores:
+        return Reading(Local.WAITING, f"its stack is {v.why} ({v.frame}) and it sleeps: DDP's gradient "
+                                      "all_reduce waits for a peer")
     if v.kind == "worker_wait":
         return Reading(Local.WORKER_WAIT, f"its stack is {v.why} ({v.frame})")
     if not s.gpu_indexes and (s.cpu_cores or 0) >= th.cpu_active_cores and ctx.progressed_recently:
@@ -104,6 +107,11 @@ def classify(s: ProcSignals, ctx: Context, th: Thresholds) -> Reading:
                        else f"sleeping in {s.wchan}: waiting for requests")
     if s.d_fraction >= th.io_wait_d_fraction:
         return Reading(Local.IO_WAIT, f"in uninterruptible I/O (wchan {s.wchan})")
+    if (g.util or 0) >= th.gpu_active_util_pct and (s.wakes_per_s or 0) >= th.driving_wakes_per_s:
+        # kernels keep running and its main thread wakes hundreds of times a second to feed them:
+        # a step bound by a slow transport (NCCL over sockets) shows little SM and no tensor work
+        return Reading(Local.BUSY, f"driving its GPU: util {g.util or 0:.0f}%, its main thread wakes "
+                                   f"{s.wakes_per_s or 0:.0f} times a second")
     if on_cpu and s.rss_change is not None and abs(s.rss_change) >= th.rss_change_bytes:
         # moving data in host memory: a checkpoint's tensors coming off the GPU, a dataset decoded
         return Reading(Local.BUSY, f"on CPU ({s.cpu_cores or 0:.1f} cores), host memory changed by "
