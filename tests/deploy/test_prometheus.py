@@ -34,6 +34,7 @@ def promtool() -> str:
     return p
 
 
+@pytest.mark.prometheus
 def test_promtool_checks_and_unit_tests_pass():
     out = subprocess.run([promtool(), "check", "rules", str(RULES)], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -120,6 +121,7 @@ def stack(tmp_path_factory):
         s.stop()
 
 
+@pytest.mark.prometheus
 def test_hung_job_alert_fires_from_a_real_scrape(stack):
     hung = [a for a in stack["alerts"] if a["labels"]["alertname"] == "HangdJobHung"]
     assert hung, (stack["tmp"] / "prom.log").read_text()[-2000:]
@@ -130,11 +132,13 @@ def test_hung_job_alert_fires_from_a_real_scrape(stack):
     assert stack["hangd"].get(f"/incidents/{iid}").json()["kind"] == "nccl_stall"
 
 
+@pytest.mark.prometheus
 @pytest.mark.parametrize("where,expr", _exprs(), ids=[w for w, _ in _exprs()])
 def test_every_dashboard_query_returns_data(stack, where, expr):
     assert query_range(stack["prom"], subst(expr), stack["start"]), f"{where}: no data for {subst(expr)}"
 
 
+@pytest.mark.prometheus
 def test_every_metric_named_by_dashboards_and_rules_exists(stack):
     text = stack["hangd"].get("/metrics").text
     exported = set(re.findall(r"^# TYPE (\w+) ", text, re.M))
@@ -158,6 +162,7 @@ def test_every_metric_named_by_dashboards_and_rules_exists(stack):
     assert Path(RULES).exists()
 
 
+@pytest.mark.prometheus
 def test_metrics_lint_and_carry_no_job_label(stack):
     text = stack["hangd"].get("/metrics").text
     res = subprocess.run([promtool(), "check", "metrics"], input=text, capture_output=True, text=True)
@@ -182,6 +187,7 @@ def test_series_of_gone_processes_go_after_the_setting_and_a_cap_holds():
     assert len(kept) == 2 and b.dropped_total["cap"] == 3 * SERIES_PER_PROCESS
 
 
+@pytest.mark.prometheus
 def test_the_fleet_board_shows_a_job_of_one_node_too(stack):
     """A job on one node has no per-node series: the fleet board's table still says its state, one
     node and its ranks (the 2-rank nccl_stall replay)."""

@@ -18,6 +18,7 @@ ENDPOINTS = ["/incidents", "/incidents/1", "/jobs", "/processes", "/gpus", "/tim
              "/readyz", "/openapi.json"]
 
 
+@pytest.mark.prometheus  # promtool
 def test_nccl_stall_shows_up_within_30s_and_metrics_lint(tmp_path, served):
     s = serve(tmp_path, "--replay", str(TRACES / "nccl_stall"), "--speed", "10")
     served.append(s)

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import psutil
+import pytest
 
 from ..conftest import ROOT, TRACES, WORKLOADS
 from .conftest import serve
@@ -30,6 +31,7 @@ def _kill_job(job: subprocess.Popen) -> None:
     job.wait()
 
 
+@pytest.mark.torchrun
 def test_sigkill_and_restart_loses_nothing_and_duplicates_nothing(tmp_path, served):
     job = _job(tmp_path)
     try:
