@@ -36,7 +36,7 @@ from hangd.analysis.progress import ProgressBook
 from hangd.analysis.signals import NodeView, ProcHistory, ProcSignals, Thresholds, proc_signals
 from hangd.analysis.views import JobTrack, JobView, ProcTrack
 from hangd.evidence import Requests, decode_evidence
-from hangd.flightrec.analyze import Finding, analyze
+from hangd.flightrec.analyze import Finding, FindingKind, analyze
 from hangd.incidents import Incident, IncidentBook
 from hangd.snapshot import GpuSample, RemoteDump, RemoteRank, Snapshot
 
@@ -284,7 +284,7 @@ class Analyzer:
         for d in snap.fr_dumps:
             if d.error is not None:
                 self.unreadable += 1
-                self._finding({"t": round(t, 3), "kind": "unreadable", "pid": d.pid, "rank": d.rank,
+                self._finding({"t": round(t, 3), "kind": FindingKind.UNREADABLE, "pid": d.pid, "rank": d.rank,
                                "message": f"{d.path}: {d.error}", "source": d.source})
                 continue
             dump = d.dump
@@ -359,7 +359,7 @@ class Analyzer:
                    else f"its newest flight-recorder dump{plural} (read at {report.clock(max(x.read_at for x in rds))}) "
                         f"{'are' if plural else 'is'} older than {self.th.node_stale_s:.0f} s")
             self._fr_finding(job_id, tr, Finding(
-                kind="node_silent", pg=None, seq=None, op=None, ranks=ranks, nodes={r: node for r in ranks},
+                kind=FindingKind.NODE_SILENT, pg=None, seq=None, op=None, ranks=ranks, nodes={r: node for r in ranks},
                 message=f"{node}: {why}; the flight-recorder entries of its rank{plural} {', '.join(map(str, ranks))} "
                         "are not compared"), t)
         if len(dumps) < 2:
@@ -376,7 +376,7 @@ class Analyzer:
             wider = next((i for i, x in enumerate(tr.findings) if _fr_key(x) == key and _fr_width(x) < _fr_width(f)), None)
             if wider is None:
                 return
-        if f.kind in ("missing_rank", "stuck") and self._job_progressing(job_id, t):
+        if f.kind in (FindingKind.MISSING_RANK, FindingKind.STUCK) and self._job_progressing(job_id, t):
             return  # a dump of a job that still progresses catches collectives in flight
         tr.fr_keys.add(key)
         f.source = "flight_recorder"
@@ -667,7 +667,7 @@ class Analyzer:
 
 
 def _fr_key(f: Finding) -> tuple[str, str | None, int | None, tuple[str, ...]]:
-    return f.kind, f.pg, f.seq, tuple(sorted(set(f.nodes.values()))) if f.kind == "node_silent" else ()
+    return f.kind, f.pg, f.seq, tuple(sorted(set(f.nodes.values()))) if f.kind == FindingKind.NODE_SILENT else ()
 
 
 def _fr_width(f: Finding) -> int:

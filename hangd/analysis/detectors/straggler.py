@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from hangd.analysis.detectors import Env
 from hangd.analysis.views import JobView
-from hangd.incidents import IncidentKind
+from hangd.incidents import Family, IncidentKind
 
-FAMILY = "straggler"
+FAMILY = Family.STRAGGLER
 
 
 def track_episodes(env: Env, jv: JobView) -> None:
