@@ -248,7 +248,7 @@ class Analyzer:
             g = dq[-1][1]
             out.append({"index": idx, "uuid": g.uuid, "name": g.name, "util_gpu": g.util_gpu, "util_mem": g.util_mem,
                         "mem_used": g.mem_used, "mem_total": g.mem_total,
-                        "power_w": g.power_mw / 1000 if g.power_mw is not None else None, "temp_c": g.temp_c,
+                        "power_w": g.power_w, "temp_c": g.temp_c,
                         "sm_clock": g.sm_clock, "gpm": g.gpm, "processes": [{"pid": p.pid, "used": p.used} for p in g.procs]})
         return out
 

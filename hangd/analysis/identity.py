@@ -32,6 +32,7 @@ import re
 from dataclasses import dataclass, field
 
 from hangd.analysis.signals import NodeView, ProcHistory, Thresholds
+from hangd.snapshot import Role
 
 RANK_KEYS = ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID")
 DEFAULT_RUN_IDS = frozenset({"", "none", "default"})
@@ -134,7 +135,7 @@ class _Ranker:
         if gpu or dist:
             return True
         lp = h.latest()
-        return lp is not None and lp.role == "worker"
+        return lp is not None and lp.role == Role.WORKER
 
     def launcher_of_ranks(self, h: ProcHistory, candidates: set[int]) -> bool:
         """A process without a rank of its own whose descendants are ranks with theirs: the launcher
@@ -171,9 +172,7 @@ def learn_log_ranks(view: NodeView) -> None:
 
 def log_targets(h: ProcHistory) -> set[str]:
     """The files a process writes its stdout/stderr to (one home for this, used everywhere)."""
-    if h.info is None or not h.info.fds:
-        return set()
-    return {v for v in h.info.fds.values() if v}
+    return h.info.log_files() if h.info is not None else set()
 
 
 def _arg_rank(h: ProcHistory) -> int | None:

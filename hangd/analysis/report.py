@@ -160,5 +160,5 @@ def evidence(view: NodeView, tracks: dict[int, ProcTrack], job: Job, sigs: dict[
             if dq:
                 g = dq[-1][1]
                 ev["gpus"][str(idx)] = {"util_gpu": g.util_gpu, "util_mem": g.util_mem,
-                                        "power_w": g.power_mw / 1000 if g.power_mw is not None else None, "mem_used": g.mem_used, "gpm": g.gpm}
+                                        "power_w": g.power_w, "mem_used": g.mem_used, "gpm": g.gpm}
     return ev

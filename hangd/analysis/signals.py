@@ -253,8 +253,8 @@ class NodeView:
     def _count_writers(self) -> None:
         self.writers = {}
         for h in self.procs.values():
-            if h.gone_at is None and h.info is not None and h.info.fds:
-                for target in {v for v in h.info.fds.values() if v}:
+            if h.gone_at is None and h.info is not None:
+                for target in h.info.log_files():
                     self.writers[target] = self.writers.get(target, 0) + 1
 
     def _count_compile_workers(self) -> None:
@@ -270,8 +270,8 @@ class NodeView:
             # a warm pool of compile workers sits idle after compiling: count only busy ones
             if len(h.samples) >= 2:
                 (t0, a), (t1, b) = h.samples[-2], h.samples[-1]
-                if None in (a.utime, a.stime, b.utime, b.stime) or t1 <= t0 or \
-                        ((b.utime + b.stime) - (a.utime + a.stime)) / 100.0 / (t1 - t0) < self.th.compile_worker_cores:  # type: ignore[operator]
+                used = b.cpu_seconds_between(a)
+                if used is None or t1 <= t0 or used / (t1 - t0) < self.th.compile_worker_cores:
                     continue
             elif lp.comm and not COMPILE_COMMS.search(lp.comm):
                 continue
@@ -336,8 +336,7 @@ class NodeView:
             del self.gpu_seen_at[pid]
         # a log is read through the processes that write it (their fds): one no process here
         # writes is never read again
-        written = {target for h in self.procs.values() if h.info is not None and h.info.fds
-                   for target in h.info.fds.values() if target}
+        written = {target for h in self.procs.values() if h.info is not None for target in h.info.log_files()}
         for path in [p for p in self.files if p not in written]:
             del self.files[path]
 
@@ -432,7 +431,7 @@ def gpu_signals(samples: list[GpuSample], th: Thresholds) -> GpuSignals:
         return s
     s.util = _mean([g.util_gpu for g in samples if g.util_gpu is not None])
     s.util_mem = _mean([g.util_mem for g in samples if g.util_mem is not None])
-    s.power_w = _mean([g.power_mw / 1000 for g in samples if g.power_mw is not None])
+    s.power_w = _mean([w for g in samples if (w := g.power_w) is not None])
     gpm = [g.gpm for g in samples if g.gpm]
     if gpm:
         s.has_gpm = True
@@ -549,8 +548,9 @@ def proc_signals(view: NodeView, pid: int, t: float, th: Thresholds) -> ProcSign
     if len(win) >= 2:
         (t0, a), (t1, b) = win[0], win[-1]
         dt = max(t1 - t0, 1e-3)
-        if None not in (a.utime, a.stime, b.utime, b.stime):
-            sig.cpu_cores = ((b.utime + b.stime) - (a.utime + a.stime)) / 100.0 / dt  # type: ignore[operator]
+        cpu_s = b.cpu_seconds_between(a)
+        if cpu_s is not None:
+            sig.cpu_cores = cpu_s / dt
         if a.io and b.io:
             for key, attr in (("read_bytes", "read_per_s"), ("write_bytes", "write_per_s"),
                               ("rchar", "rchar_per_s"), ("wchar", "wchar_per_s")):
@@ -588,8 +588,8 @@ def proc_signals(view: NodeView, pid: int, t: float, th: Thresholds) -> ProcSign
         elif len(used) >= 2:
             sig.gpu_mem_change = used[-1] - used[0]
             sig.gpu_mem_rate = sig.gpu_mem_change / th.window_s
-    if h.info and h.info.fds:
-        for target in {v for v in h.info.fds.values() if v}:
+    if h.info:
+        for target in h.info.log_files():
             fs = view.files.get(target)
             if fs is None or fs.grew_at is None:
                 continue

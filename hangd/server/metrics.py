@@ -211,8 +211,8 @@ class HangdCollector(Collector):
                 fams["mem"].add_metric(lab, float(g.mem_used))
             if g.mem_total is not None:
                 fams["memt"].add_metric(lab, float(g.mem_total))
-            if g.power_mw is not None:
-                fams["power"].add_metric(lab, g.power_mw / 1000.0)
+            if (watts := g.power_w) is not None:
+                fams["power"].add_metric(lab, watts)
         yield from fams.values()
 
     def _self(self) -> Iterator[Metric]:
