@@ -20,7 +20,7 @@ log = logging.getLogger("hangd.daemon")
 
 def thresholds_from(settings: Settings) -> Thresholds:
     return Thresholds(hang_gpu_s=settings.hang_gpu_s, hang_host_s=settings.hang_host_s, hang_io_s=settings.hang_io_s,
-                      gone_process_s=settings.gone_after_s, node_stale_s=settings.node_stale_s)
+                      gone_after_s=settings.gone_after_s, node_stale_s=settings.node_stale_s)
 
 
 class Loop:

@@ -108,15 +108,20 @@ class Incident:
         }
 
 
-REFRESH_S = 10.0  # an open incident's ticking figures reach the store and watchers this often
+# defaults of Thresholds.incident_refresh_s and .timeline_kept (the reasons are there); the
+# analysis hands its own in
+REFRESH_S = 10.0
+TIMELINE_KEPT = 50
 _DURATION = re.compile(r"\d+(?:\.\d+)? s\b")
 
 
 class IncidentBook:
     """Open incidents by (job, family), and every incident ever opened in this run."""
 
-    def __init__(self, first_id: int = 1, keep_resolved: int = 500) -> None:
+    def __init__(self, first_id: int = 1, keep_resolved: int = 500, refresh_s: float = REFRESH_S,
+                 timeline_kept: int = TIMELINE_KEPT) -> None:
         self.next_id = first_id
+        self.refresh_s, self.timeline_kept = refresh_s, timeline_kept
         self.open: dict[tuple[str, str], Incident] = {}
         # every open incident and the newest resolved ones (the store keeps them all)
         self.recent: deque[Incident] = deque()
@@ -209,15 +214,15 @@ class IncidentBook:
         inc.updated_at = t
         if note and not any(e.get("note") == note for e in inc.timeline):
             inc.timeline.append({"t": round(t, 3), "event": "updated", "note": note})
-            del inc.timeline[1:-50]
+            del inc.timeline[1:-self.timeline_kept]
             if inc not in self.changed:
                 self.changed.append(inc)
         # What a person reads changed (kind, culprits, the summary's words): every view must show it
         # now. Counters in the summary ("has waited 41 s") tick every second: those are brought up
-        # to date every REFRESH_S, not written on every tick.
+        # to date every refresh_s, not written on every tick.
         fp = (inc.kind, _DURATION.sub("N s", inc.summary), tuple(inc.culprit_pids), tuple(inc.culprit_ranks),
               tuple(inc.pids), inc.next_step, len(inc.findings))
-        stale = t - self._marked_at.get(inc.id, t) >= REFRESH_S
+        stale = t - self._marked_at.get(inc.id, t) >= self.refresh_s
         if self._fingerprint.get(inc.id) != fp or stale:
             self._fingerprint[inc.id] = fp
             self._marked_at[inc.id] = t

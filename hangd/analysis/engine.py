@@ -49,7 +49,8 @@ class Analyzer:
     def __init__(self, thresholds: Thresholds | None = None) -> None:
         self.th = thresholds or Thresholds()
         self.view = NodeView(self.th)
-        self.book = IncidentBook(keep_resolved=self.th.max_incidents_in_memory)
+        self.book = IncidentBook(keep_resolved=self.th.max_incidents_in_memory, refresh_s=self.th.incident_refresh_s,
+                                 timeline_kept=self.th.timeline_kept)
         self.progress = ProgressBook(self.th)
         self.tracks: dict[int, ProcTrack] = {}
         self.job_tracks: dict[str, JobTrack] = {}
@@ -516,7 +517,7 @@ class Analyzer:
         # a pattern: at least two earlier waits in the window (one earlier blip is not one)
         recurring = tr.episode is not None and sum(
             1 for tt, c in tr.episodes
-            if tr.episode_start - th.straggler_window_s <= tt < tr.episode_start - 0.5 and c == tr.episode) >= 2
+            if tr.episode_start - th.straggler_window_s <= tt < tr.episode_start - 0.5 and c == tr.episode) >= th.straggler_recurring
         hold = bool(waiting) and not recurring and t - tr.episode_start < th.hang_gpu_s
         changes = []
         for pid in live:

@@ -36,7 +36,6 @@ from hangd.snapshot import Role
 
 RANK_KEYS = ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID")
 DEFAULT_RUN_IDS = frozenset({"", "none", "default"})
-MAX_DEPTH = 4
 _LOG_RANK = re.compile(r"^\[rank(\d+)\]", re.M)
 # how servers name a worker's rank in its title or arguments: "sglang::scheduler_TP3", "TP3",
 # "--rank 3", "--tp-rank=3", "rank=3", "VllmWorker TP3 rank=3"
@@ -72,10 +71,11 @@ def env_rank(h: ProcHistory) -> str | None:
     return next((env[k] for k in RANK_KEYS if env.get(k) is not None), None)
 
 
-def ancestors(view: NodeView, h: ProcHistory, depth: int = MAX_DEPTH) -> list[ProcHistory]:
+def ancestors(view: NodeView, h: ProcHistory, depth: int | None = None) -> list[ProcHistory]:
+    """Up to ``depth`` (default: Thresholds.ancestor_depth) watched ancestors, nearest first."""
     out = []
     cur = h.first_ppid if h.first_ppid is not None else (lp.ppid if (lp := h.latest()) else None)
-    for _ in range(depth):
+    for _ in range(view.th.ancestor_depth if depth is None else depth):
         a = view.procs.get(cur) if cur else None
         if a is None or a.pid == h.pid:
             break

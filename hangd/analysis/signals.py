@@ -14,11 +14,11 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
+from hangd.incidents import REFRESH_S, TIMELINE_KEPT
 from hangd.snapshot import FileSample, GpuSample, ProcInfo, ProcSample, Snapshot, StackSample
 
 COMPILE_COMMS = re.compile(r"^(ptxas|cc1|cc1plus|nvcc|cicc|gcc|g\+\+|clang|ld|as|ninja|compile_worker|triton)", re.I)
 MiB = 1024 * 1024
-HISTORY = 120  # readings kept per process
 GiB = 1024 * MiB
 
 
@@ -91,13 +91,44 @@ class Thresholds:
     exception_lookback_s: float = 300.0  # an exception in a log this long before a hang may be its cause
     straggler_quiet_after_s: float = 60.0  # a straggler incident resolves after this long without waits
     serve_job_quiet_s: float = 60.0  # history of a job kept this long after its last process went
-    gone_process_s: float = 120.0  # a gone process stays listed this long
+    # a process that exited stays listed (state "gone") this long, then the analysis forgets it
+    # (the setting of the same name)
+    gone_after_s: float = 120.0
     max_incidents_in_memory: int = 500  # resolved incidents kept in memory (the store keeps all)
     max_findings_in_memory: int = 500
     # a job that spans nodes: another node whose hangd last reported longer ago than this has
-    # stopped reporting; its ranks are named as unknown, never blamed
+    # stopped reporting; its ranks are named as unknown, never blamed. Heartbeats come every 2 s
+    # (heartbeat_s): 15 s is seven missed in a row (chosen, not measured). The one default: the
+    # setting, the store and the job views take it from here.
     node_stale_s: float = 15.0
     max_changes_in_memory: int = 2000
+    # incidents: an open incident's ticking figures ("has waited 41 s") change every tick and
+    # reach the store and watchers this often, not on every tick (what a person reads changing
+    # goes out at once); an incident's timeline keeps its first entry and this many newest
+    # (chosen, not measured)
+    incident_refresh_s: float = REFRESH_S
+    timeline_kept: int = TIMELINE_KEPT
+    # stragglers: a wait is a pattern when at least this many earlier waits of the same ranks fell in
+    # straggler_window_s (one earlier blip is not one), and is blamed only while the waiting ranks
+    # progressed in at least this many distinct seconds since the first wait (they do get through;
+    # the recorded straggler traces, tests/data/traces, show it every step)
+    straggler_recurring: int = 2
+    straggler_progressed_secs: int = 3
+    # memory: readings kept per process, 120: the widest window (io_window_s) at 4 readings a second
+    # with room to spare; what needs older readings is remembered instead (600 readings of every
+    # watched process were most of a long-running daemon's memory). GPU readings per GPU: 1200.
+    history_readings: int = 120
+    gpu_history_readings: int = 1200
+    # bounds on what is kept, chosen, not measured: stack captures per process (a stack that stands
+    # still between two captures is the evidence), exception lines per log, log lines an incident quotes
+    stacks_kept: int = 6
+    exceptions_kept: int = 8
+    log_lines_quoted: int = 20
+    # process trees: how far up a process's ancestors are walked for its launcher and its rank, and
+    # for the rank a compile worker (ptxas, cc1, inductor's workers) works for; torchrun puts its
+    # ranks directly under it, so 4 leaves room for a wrapper script or two (chosen, not measured)
+    ancestor_depth: int = 4
+    compile_worker_depth: int = 4
 
 
 @lru_cache(maxsize=1)
@@ -135,7 +166,7 @@ class FileState:
     tail: str = ""
     # exception lines (the last line of a traceback, "RuntimeError: ..."), with when they appeared;
     # None as the time: already in the file when hangd first read it
-    exceptions: deque[tuple[float | None, str]] = field(default_factory=lambda: deque(maxlen=8))
+    exceptions: deque[tuple[float | None, str]] = field(default_factory=lambda: deque(maxlen=Thresholds.exceptions_kept))
 
 
 # The last line of a Python traceback: "RuntimeError: mat1 and mat2 shapes cannot be multiplied".
@@ -163,10 +194,8 @@ def exception_lines(text: str) -> list[str]:
 class ProcHistory:
     pid: int
     first_seen: float
-    # 120 readings: the widest window (io_window_s) at 4 readings a second with room to spare.
-    # What needs older readings is remembered instead (``wrote``): 600 readings of every
-    # watched process were most of a long-running daemon's memory.
-    samples: deque[tuple[float, ProcSample]] = field(default_factory=lambda: deque(maxlen=HISTORY))
+    # Thresholds.history_readings of them; what needs older readings is remembered instead (``wrote``)
+    samples: deque[tuple[float, ProcSample]] = field(default_factory=lambda: deque(maxlen=Thresholds.history_readings))
     wrote: dict[tuple[float, float], bool | None] = field(default_factory=dict)
     info: ProcInfo | None = None
     stacks: list[tuple[float, list[StackSample]]] = field(default_factory=list)
@@ -203,7 +232,9 @@ class NodeView:
         if snap.gpus:
             self.gpu_of = {}
         for g in snap.gpus:
-            dq = self.gpus.setdefault(g.index, deque(maxlen=1200))
+            dq = self.gpus.get(g.index)
+            if dq is None:
+                dq = self.gpus[g.index] = deque(maxlen=self.th.gpu_history_readings)
             dq.append((t, g))
             for gp in g.procs:
                 self.gpu_of.setdefault(gp.pid, {})[g.index] = gp.used
@@ -243,7 +274,7 @@ class NodeView:
             for pid, ss in by_pid.items():
                 h = self._proc(pid, t)
                 h.stacks.append((t, ss))
-                del h.stacks[:-6]
+                del h.stacks[:-self.th.stacks_kept]
                 self.new_stacks.append(pid)
         if snap.procs:
             self._count_compile_workers()
@@ -276,7 +307,7 @@ class NodeView:
             elif lp.comm and not COMPILE_COMMS.search(lp.comm):
                 continue
             cur = lp.ppid
-            for _ in range(4):
+            for _ in range(self.th.compile_worker_depth):
                 if not cur or cur <= 1:
                     break
                 self.compile_children[cur] = self.compile_children.get(cur, 0) + 1
@@ -287,11 +318,13 @@ class NodeView:
     def _proc(self, pid: int, t: float) -> ProcHistory:
         h = self.procs.get(pid)
         if h is None:
-            h = self.procs[pid] = ProcHistory(pid=pid, first_seen=t)
+            h = self.procs[pid] = ProcHistory(pid=pid, first_seen=t, samples=deque(maxlen=self.th.history_readings))
         return h
 
     def _file(self, f: FileSample, t: float) -> None:
-        st = self.files.setdefault(f.path, FileState())
+        st = self.files.get(f.path)
+        if st is None:
+            st = self.files[f.path] = FileState(exceptions=deque(maxlen=self.th.exceptions_kept))
         if f.size is None:
             return
         if st.size is not None and f.size > st.size:
@@ -321,10 +354,10 @@ class NodeView:
         st.size = f.size
 
     def _trim(self, t: float) -> None:
-        """Bound memory: a process gone for ``gone_process_s`` leaves, and with it what is kept by
+        """Bound memory: a process gone for ``gone_after_s`` leaves, and with it what is kept by
         its pid or by the logs only it wrote (a node that starts jobs all day sees a new pid, and
         often a new log file, every few seconds)."""
-        gone = [p for p, h in self.procs.items() if h.gone_at is not None and t - h.gone_at > self.th.gone_process_s]
+        gone = [p for p, h in self.procs.items() if h.gone_at is not None and t - h.gone_at > self.th.gone_after_s]
         for pid in gone:
             del self.procs[pid]
             self.log_ranks.pop(pid, None)

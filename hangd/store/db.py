@@ -55,6 +55,7 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, defer, sessionmaker
 from sqlalchemy.pool import NullPool
 
+from hangd.analysis.signals import Thresholds
 from hangd.flightrec import rows as frrows
 from hangd.incidents import FAMILY
 from hangd.redact import redact_obj, redact_text
@@ -71,7 +72,7 @@ TOUCH_EVERY_S = 10.0  # how stale the last_seen of an unchanged process, job or 
 PG_LOCK_KEY = int.from_bytes(b"hgd", "big")
 ID_STRIDE = 1024  # incident ids of a shared database: node_id % ID_STRIDE, then every ID_STRIDE
 HEARTBEAT_S = 2.0  # a shared database: how often a node's last_seen moves (its one row)
-NODE_STALE_S = 15.0  # a shared database: a node whose last_seen is older has stopped reporting
+NODE_STALE_S = Thresholds.node_stale_s  # a shared database: a node whose last_seen is older has stopped reporting
 NODE_FORGET_S = 3600.0  # a node silent longer than this is not listed with a job any more
 LIST_FIELDS = ("evidence", "findings", "timeline")
 # the tables written with Core statements (many rows in one executemany, no ORM objects)

@@ -43,7 +43,7 @@ def step(env: Env, jv: JobView) -> None:
     progressed = len({sec for p in victims for sec in env.progress.of(p).strong_secs if sec >= first_blame})
     # ... and recently so: a rank that made them wait for good is a hang in the making
     recent = any(env.progress.of(p).recent(t, th.straggler_wait_s / 2) for p in victims)
-    worst = [p for p, n in blamed.items() if n >= th.straggler_wait_s] if not tr.hung and progressed >= 3 and recent else []
+    worst = [p for p, n in blamed.items() if n >= th.straggler_wait_s] if not tr.hung and progressed >= th.straggler_progressed_secs and recent else []
     inc = env.book.get(job.id, FAMILY)
     if worst and inc is None:
         inc = env.book.open_incident(IncidentKind.STRAGGLER, job.id, t)
