@@ -12,7 +12,11 @@ import sysconfig
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from .conftest import ROOT
+
+pytestmark = pytest.mark.slow  # builds the wheel and installs it into a fresh venv
 
 
 def _tables(db: Path) -> set[str]:

@@ -15,6 +15,9 @@ import pytest
 from ..conftest import ROOT, TRACES, WORKLOADS
 from .conftest import serve
 
+# a real server degraded and waited for until it catches up
+pytestmark = pytest.mark.slow
+
 
 def _job(tmp: Path) -> subprocess.Popen:
     d = tmp / "job"
