@@ -42,10 +42,11 @@ test: deps $(VENV)/.test-installed
 	$(BIN)/python -m pytest -q --durations=25 $(PYTEST_ARGS)
 
 # While changing code: no torchrun jobs, no PostgreSQL, no Prometheus, nothing marked slow (markers in
-# pyproject.toml). Needs no Debian packages, so no `deps`. `make test` before a merge still runs all.
+# pyproject.toml), and a quarter of the fuzz examples (tests/fuzz.py). Needs no Debian packages, so no
+# `deps`. `make test` before a merge still runs all of it.
 FAST := not torchrun and not postgres and not prometheus and not slow
 test-fast: $(VENV)/.test-installed
-	$(BIN)/python -m pytest -q --durations=25 -m "$(FAST)" $(PYTEST_ARGS)
+	HANGD_FUZZ_SCALE=$${HANGD_FUZZ_SCALE:-0.25} $(BIN)/python -m pytest -q --durations=25 -m "$(FAST)" $(PYTEST_ARGS)
 
 lint: $(VENV)/.test-installed
 	$(BIN)/ruff check hangd tests benchmarks

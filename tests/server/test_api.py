@@ -14,6 +14,8 @@ from hangd.humanize import iso_field
 from ..conftest import PLANTED_SECRET, TRACES
 from .conftest import serve
 
+pytestmark = pytest.mark.slow  # every test starts a real hangd serve and waits on it
+
 ENDPOINTS = ["/incidents", "/incidents/1", "/jobs", "/processes", "/gpus", "/timeline", "/metrics", "/healthz",
              "/readyz", "/openapi.json"]
 
