@@ -49,7 +49,7 @@ test-fast: $(VENV)/.test-installed
 	HANGD_FUZZ_SCALE=$${HANGD_FUZZ_SCALE:-0.25} $(BIN)/python -m pytest -q --durations=25 -m "$(FAST)" $(PYTEST_ARGS)
 
 lint: $(VENV)/.test-installed
-	$(BIN)/ruff check hangd tests benchmarks
+	$(BIN)/ruff check hangd migrations tests benchmarks
 	$(BIN)/mypy
 
 # Mutation testing of the files in [tool.mutmut] only_mutate (pyproject.toml); see docs/testing.md.
@@ -72,11 +72,14 @@ bench: $(VENV)/.test-installed
 	$(BIN)/python -m benchmarks.procread
 
 # Install as a systemd service (run as root): a venv in $(PREFIX), the unit, an env file example.
+# EXTRAS=postgres also installs the PostgreSQL driver, for a fleet's shared database:
+#   make install EXTRAS=postgres
 PREFIX ?= /opt/hangd
+EXTRAS ?=
 install:
 	$(PYTHON) -m venv $(PREFIX)/venv
 	$(PREFIX)/venv/bin/pip install -q --upgrade pip
-	$(PREFIX)/venv/bin/pip install -q .
+	$(PREFIX)/venv/bin/pip install -q '.$(if $(EXTRAS),[$(EXTRAS)])'
 	install -d $(PREFIX)/share/doc /etc/hangd
 	install -m 0644 docs/operator-guide.md $(PREFIX)/share/doc/operator-guide.md
 	install -m 0644 deploy/systemd/hangd.service /etc/systemd/system/hangd.service

@@ -130,17 +130,25 @@ def incidents_view() -> dict[str, Any]:
           instant=True, unit="none", description="Incidents open now, by kind. Each is explained at /incidents/{id} "
                                                  "on its node.")
     b.add("table", "Open incidents (click to open in hangd)",
-          [(f"hangd_incident_opened_timestamp_seconds{{{SEL}}} * 1000", "")], w=24, h=8, instant=True,
-          overrides=[{"matcher": {"id": "byName", "options": "id"},
-                      "properties": [{"id": "links", "value": [{"title": "incident",
-                                                                 "url": "http://${__data.fields.instance}/incidents/${__value.raw}"}]}]}],
-          unit="dateTimeAsIso", description="When each open incident opened; the id links to the incident on its "
-                                            "node (summary, culprit rank, next step, evidence).")
+          [(f"hangd_incident_opened_timestamp_seconds{{{SEL}}} * on (instance, incident) "
+            f"group_left (kind, severity, culprit_ranks, url) hangd_incident_info{{{SEL}}} * 1000", "")],
+          w=24, h=8, instant=True,
+          overrides=[{"matcher": {"id": "byName", "options": "incident"},
+                      "properties": [{"id": "links", "value": [{"title": "incident", "targetBlank": True,
+                                                                 "url": "${__data.fields.url}"}]}]}],
+          unit="dateTimeAsIso", description="When each open incident opened, its kind and culprit ranks; the incident "
+                                            "id opens it in hangd (summary, culprit rank, next step, evidence) "
+                                            "through its signed link, without a token.")
     b.add("timeseries", "Incidents opened", [(f"sum by (kind) (increase(hangd_incidents_total{{{SEL}}}[$__rate_interval]))",
                                               "{{kind}}")], unit="none",
           description="Incidents opened per interval, by kind.")
-    b.add("timeseries", "Time to detect", [(f"hangd_incident_detection_seconds{{{SEL}}}", "#{{id}} {{kind}} {{hangd_job}}")],
-          unit="s", description="Seconds from the job's last progress to the incident opening.")
+    b.add("timeseries", "Time to detect p50 / p90 (last hour)",
+          [(f"histogram_quantile(0.5, sum by (le, kind) (increase(hangd_incident_detection_seconds_bucket{{{SEL}}}[1h])))",
+            "p50 {{kind}}"),
+           (f"histogram_quantile(0.9, sum by (le, kind) (increase(hangd_incident_detection_seconds_bucket{{{SEL}}}[1h])))",
+            "p90 {{kind}}")],
+          unit="s", description="Seconds from a job's last progress to its incident opening, over the incidents "
+                                "opened in the last hour, by kind.")
     b.add("timeseries", "Hung jobs", [(f'hangd_job_state{{{SEL}, state="hung"}} == 1', "{{hangd_job}}")], w=24,
           unit="bool_on_off", description="Jobs judged hung: no rank progresses and some rank is positively stuck.")
     return dashboard("hangd-incidents", "hangd / incidents", b, False, "Open and recent incidents, time to detect.")
@@ -241,7 +249,8 @@ def fleet_view() -> dict[str, Any]:
                         {"color": "red", "value": SILENT_S}]},
                     "custom": {"thresholdsStyle": {"mode": "line+area"}}})
     b.add("table", "Open hang incidents and their culprit ranks",
-          [(f'max by (hangd_job, kind, culprit_ranks) (hangd_incident_opened_timestamp_seconds{{kind=~"{HANG_KINDS}", '
+          [(f"max by (hangd_job, kind, culprit_ranks) (hangd_incident_opened_timestamp_seconds{{{FJ}}} "
+            f'* on (instance, incident) group_left (kind, culprit_ranks) hangd_incident_info{{kind=~"{HANG_KINDS}", '
             f"{FJ}}}) * 1000", "")],
           w=24, h=7, instant=True, table=True, unit="dateTimeAsIso",
           description="Every hung job once, with the global ranks hangd names as the ones the others wait for, "

@@ -89,7 +89,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         if name != "nvml":
             _warn(f"source {name} {why}")
     if st["daemon"]["error"]:
-        _warn(st["daemon"]["error"] + " (its open incidents are not shown)")
+        what, hint, todo = st["daemon"]["error"].partition(" HINT: ")
+        _warn(f"{what} (its open incidents are not shown){hint}{todo}")
     if args.json:
         _dump(st)
     else:
@@ -99,7 +100,10 @@ def cmd_status(args: argparse.Namespace) -> int:
               "HINT: run hangd on the node where the GPU job runs (see the operator guide: "
               "\"hangd says it cannot see GPUs\")")
         return exitcodes.CANNOT_RUN
-    return exitcodes.FOUND if status_found(st) else exitcodes.OK
+    if status_found(st):
+        return exitcodes.FOUND
+    # nothing found by this look, and the daemon that has watched all along was not asked: not all clear
+    return exitcodes.OK if st["daemon"]["answered"] else exitcodes.NO_DAEMON
 
 
 def cmd_record(args: argparse.Namespace) -> int:
@@ -144,14 +148,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def cmd_watch(args: argparse.Namespace) -> int:
     """Follow the node: one JSON line (or one readable line) per state change and incident change."""
-    from hangd.daemon import Loop
+    from hangd.daemon import live_loop
     from hangd.watch import Watcher
 
     if args.seconds < 0:
         raise ConfigError("--seconds must not be negative")
     s = _settings(args, interval=args.interval)
     _quiet_source_logs(args)
-    loop = Loop(s)
+    loop = live_loop(s)
     w = Watcher(json_lines=args.json, out=sys.stdout, warn=_warn)
     try:
         loop.run(w.emit, seconds=args.seconds or None)
@@ -160,8 +164,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     if w.blind and not w.seen_any:
         _warn("nothing to watch: no GPU could be seen and no distributed job ran here")
         return exitcodes.CANNOT_RUN
-    with loop.lock:
-        open_now = bool(loop.analyzer.incidents(open_only=True))
+    open_now = bool(loop.front.incidents(open_only=True))
     return exitcodes.FOUND if open_now else exitcodes.OK
 
 
@@ -206,7 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
         "One look at the node now: every GPU, every GPU process / rank, its state and why, and the open\n"
         "incidents of this node's hangd serve (asked at the listen setting; a look of a few seconds cannot\n"
         "see a hang itself). Exit 1 when an incident is open or a job is hung; 3 when no GPU can be seen\n"
-        "and no job runs.",
+        "and no job runs; 4 when nothing is found but hangd serve did not answer (one line on stderr\n"
+        "says at which address): its incidents are unknown, not none.",
         "  hangd status\n  hangd status --seconds 5\n  hangd status --json | jq '.processes[] | {pid, state}'"))
     st.add_argument("--json", action="store_true", help="one JSON document instead of the table, e.g. hangd status --json")
     st.add_argument("--seconds", type=seconds_arg(0, 3600), default=2.0, metavar="S",

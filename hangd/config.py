@@ -10,6 +10,7 @@ takes effect (type, finite, in range), and the one-line error names where the ba
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import stat
@@ -165,10 +166,21 @@ class Settings(BaseSettings):
     listen: str = f"127.0.0.1:{DEFAULT_PORT}"
     db: Annotated[str, Field(min_length=1, max_length=4096)] = Field(default_factory=default_db_url)
     interval: Annotated[float, _seconds(0.01, 3600)] = 1.0  # seconds between samples
+    # the write token (ack, capture) also reads; the read token only reads (GET routes, /metrics)
     token: Annotated[str | None, AfterValidator(_token)] = None
     token_file: str | None = None
+    read_token: Annotated[str | None, AfterValidator(_token)] = None
+    read_token_file: str | None = None
+    # where browsers reach this hangd (the links in alerts); "{node}" stands for node_name
+    external_url: Annotated[str | None, Field(pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$", max_length=2048)] = None
+    tls_certfile: str | None = None
+    tls_keyfile: str | None = None
     proc_root: Annotated[str, Field(min_length=1)] = "/proc"
     job_env: Annotated[list[str], NoDecode, BeforeValidator(_split)] = Field(default_factory=lambda: ["MASTER_ADDR", "TORCHELASTIC_RUN_ID"])
+    # where a process's cgroup is read ("{pid}" in the path; empty: /proc/PID/cgroup) and the kubelet's
+    # pod log folders, which name a pod by its uid (mounted read-only into hangd's container)
+    cgroup_path: str = ""
+    pod_log_dir: Annotated[str, Field(min_length=1)] = "/var/log/pods"
     nvml: bool = True
     stacks: bool = True
     pyspy_timeout: Annotated[float, _seconds(0.1, 600)] = 5.0
@@ -206,21 +218,40 @@ class Settings(BaseSettings):
         return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
 
     def resolved_token(self) -> str | None:
-        if self.token:
-            return self.token
-        if self.token_file:
-            raw = read_small_file(self.token_file, "token_file")
-            try:
-                tok = raw.decode().strip()
-            except UnicodeDecodeError as e:
-                raise ConfigError(f"token_file {self.token_file}: not UTF-8 text") from e
-            if not tok:
-                raise ConfigError(f"token_file {self.token_file}: empty (or only whitespace)")
-            return tok
-        return None
+        """The write token: HANGD_TOKEN or the content of token_file."""
+        return _resolve(self.token, self.token_file, "token_file")
+
+    def resolved_read_token(self) -> str | None:
+        """The read-only token: HANGD_READ_TOKEN or the content of read_token_file."""
+        return _resolve(self.read_token, self.read_token_file, "read_token_file")
+
+    def tls(self) -> tuple[str, str] | None:
+        """(certificate, key) files when hangd serves HTTPS; both or neither."""
+        if bool(self.tls_certfile) != bool(self.tls_keyfile):
+            raise ConfigError("tls_certfile and tls_keyfile go together: give both (HTTPS) or neither (HTTP)")
+        return (self.tls_certfile, self.tls_keyfile) if self.tls_certfile and self.tls_keyfile else None
 
 
-SECRET_FIELDS = ("token", "db")  # a URL may carry a password: never echo these in an error
+def _resolve(token: str | None, path: str | None, what: str) -> str | None:
+    if token:
+        return token
+    if path:
+        if not os.path.lexists(path):
+            # fail closed, saying what to do: a pod whose Secret is missing lands here
+            raise ConfigError(f"{what} {path}: not found. HINT: write a long random token there (openssl rand -hex 32); "
+                              "under Kubernetes create the Secret hangd-token (docs/kubernetes.md)")
+        raw = read_small_file(path, what)
+        try:
+            tok = raw.decode().strip()
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{what} {path}: not UTF-8 text") from e
+        if not tok:
+            raise ConfigError(f"{what} {path}: empty (or only whitespace)")
+        return tok
+    return None
+
+
+SECRET_FIELDS = ("token", "read_token", "db")  # a URL may carry a password: never echo these in an error
 
 
 def _where(name: str, flags: Mapping[str, Any], env: Mapping[str, str], file_path: str | None) -> str:
@@ -276,6 +307,23 @@ def load_settings(flags: dict[str, Any] | None = None, env: Mapping[str, str] | 
     s.host_port()
     check_db_url(s.db)
     return s
+
+
+# the Thresholds fields whose setting has another name (none now: gone_after_s is one name for both)
+THRESHOLD_SETTINGS: dict[str, str] = {}
+
+
+def thresholds_from(settings: Settings) -> Thresholds:
+    """The analysis' limits as configured: every ``Thresholds`` field that has a setting (of its
+    own name, or the one ``THRESHOLD_SETTINGS`` gives) takes the setting's value; the others keep
+    their defaults. The one place the thresholds are built: serve, status, record and watch judge
+    a job alike."""
+    given = {}
+    for f in dataclasses.fields(Thresholds):
+        name = THRESHOLD_SETTINGS.get(f.name, f.name)
+        if name in Settings.model_fields:
+            given[f.name] = getattr(settings, name)
+    return Thresholds(**given)
 
 
 def seconds_arg(lo: float = 0.0, hi: float = 365 * DAY, *, lo_open: bool = True) -> Callable[[str], float]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -84,6 +85,8 @@ class Incident:
     timeline: list[dict[str, Any]] = field(default_factory=list)
     hang_started_at: float | None = None
     acked: bool = False
+    # whom to page: the job's owner, Slurm job and pod (hangd.analysis.owner.who), as known
+    who: dict[str, Any] = field(default_factory=dict)
 
     @property
     def family(self) -> str:
@@ -102,10 +105,21 @@ class Incident:
             "updated_at": round(self.updated_at, 3) if self.updated_at is not None else None,
             "hang_started_at": round(self.hang_started_at, 3) if self.hang_started_at is not None else None,
             "pids": self.pids, "ranks": self.ranks, "culprit_pids": self.culprit_pids,
-            "culprit_ranks": self.culprit_ranks, "summary": self.summary, "next_step": self.next_step,
-            "evidence": self.evidence, "findings": self.findings, "timeline": self.timeline,
-            "acked": self.acked,
+            "culprit_ranks": self.culprit_ranks, "summary": self.summary_with_who(), "next_step": self.next_step,
+            "evidence": {**self.evidence, "who": self.who} if self.who else self.evidence,
+            "findings": self.findings, "timeline": self.timeline, "acked": self.acked,
+            **({"who": self.who} if self.who else {}),
         }
+
+    def summary_with_who(self) -> str:
+        """The summary, then whose job it is (``Owner alice, Slurm job 1234 (...).``)."""
+        text = self.who.get("text") if self.who else None
+        if not text:
+            return self.summary
+        sentence = text[:1].upper() + text[1:] + "."
+        if sentence in self.summary:
+            return self.summary
+        return f"{self.summary.rstrip()} {sentence}" if self.summary else sentence
 
 
 # defaults of Thresholds.incident_refresh_s and .timeline_kept (the reasons are there); the
@@ -135,6 +149,8 @@ class IncidentBook:
         # a database several nodes share: each numbers its incidents id % id_step == id_offset
         self.id_step = 1
         self.id_offset = 0
+        # the owner, Slurm job and pod of a job, by its key (the analysis sets it; None: unknown)
+        self.who_of: Callable[[str], dict[str, Any] | None] = lambda job: None
 
     def number_by(self, step: int, offset: int) -> None:
         """Number new incidents ``offset``, ``offset + step``, ... (from next_id on)."""
@@ -179,7 +195,7 @@ class IncidentBook:
                        summary=d.get("summary") or "", next_step=d.get("next_step") or "",
                        evidence=dict(d.get("evidence") or {}), findings=list(d.get("findings") or []),
                        timeline=list(d.get("timeline") or []), hang_started_at=d.get("hang_started_at"),
-                       acked=bool(d.get("acked")))
+                       acked=bool(d.get("acked")), who=dict(d.get("who") or {}))
         self.adopted[(inc.job, inc.family)] = inc
         self.next_id = max(self.next_id, inc.id + 1)
         self._align()
@@ -199,7 +215,7 @@ class IncidentBook:
             self.changed.append(old)
             return old
         inc = Incident(id=self.next_id, kind=kind, job=job, opened_at=t, severity=SEVERITY.get(kind, Severity.WARNING),
-                       next_step=NEXT_STEP.get(kind, ""), updated_at=t, **kw)
+                       next_step=NEXT_STEP.get(kind, ""), updated_at=t, who=dict(self.who_of(job) or {}), **kw)
         self.next_id += self.id_step
         inc.timeline.append({"t": round(t, 3), "event": "opened", "kind": kind})
         self.open[(job, inc.family)] = inc
@@ -212,6 +228,8 @@ class IncidentBook:
         """Record that ``inc`` was refreshed; it counts as changed (for stores and watchers) only
         when ``note`` says something new happened."""
         inc.updated_at = t
+        if not inc.who:  # its ranks' facts came after it opened
+            inc.who = dict(self.who_of(inc.job) or {})
         if note and not any(e.get("note") == note for e in inc.timeline):
             inc.timeline.append({"t": round(t, 3), "event": "updated", "note": note})
             del inc.timeline[1:-self.timeline_kept]
@@ -221,7 +239,7 @@ class IncidentBook:
         # now. Counters in the summary ("has waited 41 s") tick every second: those are brought up
         # to date every refresh_s, not written on every tick.
         fp = (inc.kind, _DURATION.sub("N s", inc.summary), tuple(inc.culprit_pids), tuple(inc.culprit_ranks),
-              tuple(inc.pids), inc.next_step, len(inc.findings))
+              tuple(inc.pids), inc.next_step, len(inc.findings), inc.who.get("text"))
         stale = t - self._marked_at.get(inc.id, t) >= self.refresh_s
         if self._fingerprint.get(inc.id) != fp or stale:
             self._fingerprint[inc.id] = fp

@@ -8,49 +8,48 @@ of every rank so a trace always shows what each process was doing.
 from __future__ import annotations
 
 import platform
+import threading
 import time
 from typing import Any
 
-from hangd.analysis.engine import Analyzer
 from hangd.config import Settings
+from hangd.daemon import live_loop
+from hangd.snapshot import Snapshot
 from hangd.sources.live import LiveNode
 from hangd.trace import TraceWriter
 
 
 def record(settings: Settings, out: str, seconds: float, hz: float, stacks_every: float = 0.0,
-           fr_every: float = 0.0, stop: Any = None) -> dict[str, Any]:
-    node = LiveNode(settings)
-    an = Analyzer()
-    interval = 1.0 / hz
+           fr_every: float = 0.0, stop: threading.Event | None = None) -> dict[str, Any]:
+    loop = live_loop(settings, interval=1.0 / hz, keep_going=False)
+    node, front = loop.feed, loop.front
+    assert isinstance(node, LiveNode)
+    if stop is not None:
+        loop.stop = stop
     meta = {"host": {"node": platform.node(), "kernel": platform.release()}, "sample_hz": hz,
             "recorder": "hangd record"}
-    n = 0
     unavailable: dict[str, str] = {}
     t_start = time.monotonic()
-    last_stacks = last_fr = time.monotonic()
-    t_end = time.monotonic() + seconds
+    last = {"stacks": time.monotonic(), "fr": time.monotonic()}
+
+    def written(snap: Snapshot) -> None:  # as sampled, before the analysis sees it
+        w.write(snap)
+        unavailable.clear()
+        unavailable.update(snap.unavailable)
+
+    def periodic(*_: Any) -> None:
+        if stacks_every > 0 and time.monotonic() - last["stacks"] >= stacks_every:
+            last["stacks"] = time.monotonic()
+            node.dump_stacks(front.job_pids())
+        if fr_every > 0 and time.monotonic() - last["fr"] >= fr_every:
+            # ask every rank with a dump pipe for a flight-recorder dump: catches silent mismatches
+            last["fr"] = time.monotonic()
+            node.request_fr_dumps(p for p in front.job_pids() if node.flight.has_pipe(p))
+
     with TraceWriter(out, meta) as w:
-        next_t = time.monotonic()
-        while time.monotonic() < t_end and not (stop is not None and stop.is_set()):
-            snap = node.sample()
-            w.write(snap)
-            unavailable = dict(snap.unavailable)
-            an.step(snap)
-            node.request(an.take_requests())
-            if stacks_every > 0 and time.monotonic() - last_stacks >= stacks_every:
-                last_stacks = time.monotonic()
-                node.dump_stacks(an.job_pids())
-            if fr_every > 0 and time.monotonic() - last_fr >= fr_every:
-                # ask every rank with a dump pipe for a flight-recorder dump: catches silent mismatches
-                last_fr = time.monotonic()
-                node.request_fr_dumps(p for p in an.job_pids() if node.flight.has_pipe(p))
-            n += 1
-            next_t += interval
-            delay = next_t - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-            else:
-                next_t = time.monotonic()
+        loop.before_step = written
+        loop.run(periodic, seconds=seconds)
         if node.nvml is not None and node.nvml.driver:
             w.meta["host"]["driver"] = node.nvml.driver
-    return {"snapshots": n, "out": out, "seconds": round(time.monotonic() - t_start, 3), "unavailable": unavailable}
+    return {"snapshots": loop.ticks, "out": out, "seconds": round(time.monotonic() - t_start, 3),
+            "unavailable": unavailable}

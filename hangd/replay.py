@@ -2,44 +2,25 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from hangd.analysis.engine import Analyzer
 from hangd.analysis.signals import Thresholds
+from hangd.daemon import Loop, TraceFeed
+from hangd.front import Front
 from hangd.humanize import iso_field, iso_local
 from hangd.snapshot import Snapshot
-from hangd.trace import TraceReader
-
-
-def paced(snaps: Iterator[Snapshot], speed: float) -> Iterator[Snapshot]:
-    """Yield snapshots at ``speed`` times real time (0 or less: as fast as possible)."""
-    t0_wall = time.monotonic()
-    t0_trace: float | None = None
-    for s in snaps:
-        if speed > 0:
-            if t0_trace is None:
-                t0_trace = s.t
-            due = t0_wall + (s.t - t0_trace) / speed
-            delay = due - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-        yield s
 
 
 def run_replay(path: str, speed: float = 0.0, thresholds: Thresholds | None = None,
                on_snapshot: Callable[[Analyzer, Snapshot], None] | None = None) -> tuple[Analyzer, dict[str, Any]]:
-    reader = TraceReader(path)
+    """The trace through the analysis, by the daemon's loop; the analyzer as the trace left it."""
     an = Analyzer(thresholds)
-    n = 0
-    for snap in paced(reader.snapshots(), speed):
-        an.step(snap)
-        an.take_requests()  # a replay cannot capture anything new
-        n += 1
-        if on_snapshot is not None:
-            on_snapshot(an, snap)
-    return an, {"snapshots": n, "meta": reader.meta}
+    feed = TraceFeed(path, speed)
+    loop = Loop(feed, Front(analyzer=an), keep_going=False)
+    loop.run(None if on_snapshot is None else lambda snap, *_: on_snapshot(an, snap))
+    return an, {"snapshots": loop.ticks, "meta": feed.meta}
 
 
 def replay_result(an: Analyzer) -> dict[str, Any]:

@@ -60,7 +60,16 @@ class GpuSample:
     gpm: dict[str, float] | None = None
     uuid: str | None = None
     name: str | None = None
+    # XID errors NVML reported for this GPU since the last reading: {"xid": code, "t": Unix seconds}
     xid: list[dict[str, Any]] | None = None
+    # clock_event_reasons decoded: names of hangd/analysis/hardware.toml's [clock_event] (None: unread)
+    clock_events: list[str] | None = None
+    # read at a low rate and carried between reads; None when the GPU cannot say
+    ecc_uncorrected: int | None = None  # volatile ECC error counts (since the driver loaded)
+    ecc_corrected: int | None = None
+    remap_pending: bool | None = None  # a row remapping waits for a GPU reset
+    remap_failure: bool | None = None  # a row remapping failed: the memory is bad
+    nvlink_errors: dict[str, int] | None = None  # summed over its links: replay, recovery, crc_flit, crc_data
 
     @property
     def power_w(self) -> float | None:
@@ -122,6 +131,14 @@ class ProcInfo:
     fds: dict[str, str | None] | None = None
     cgroup: str | None = None
     start_time: float | None = None
+    # who runs it: the real uid (/proc/PID/status) and its user name where this host's user
+    # database has one (None: unknown, as in a trace recorded before these were read)
+    uid: int | None = None
+    user: str | None = None
+    # the Kubernetes pod its cgroup places it in: ``uid``, ``container_id``, ``qos`` from the cgroup
+    # path; ``name``, ``namespace``, ``container`` and ``name_from`` where the node could resolve
+    # them, else ``unresolved`` (why not, in words)
+    pod: dict[str, str] | None = None
 
     def log_files(self) -> set[str]:
         """The files it writes stdout and stderr to (fds 1 and 2): absolute paths, not a terminal

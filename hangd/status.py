@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import json
-import time
+import ssl
 import urllib.error
 import urllib.request
 from typing import Any
 
-from hangd.analysis.engine import Analyzer
 from hangd.config import ConfigError, Settings
+from hangd.daemon import live_loop
 from hangd.humanize import ago, command_line, gpus_unseen, iso_field, iso_local
-from hangd.sources.live import LiveNode
+from hangd.snapshot import Snapshot
 
 
 def _fmt_bytes(n: int | None) -> str:
@@ -37,31 +37,44 @@ def daemon_incidents(settings: Settings, timeout: float = 2.0) -> dict[str, Any]
     """The incidents open in this node's own daemon (``hangd serve`` at the ``listen`` setting).
 
     A one-shot look of a few seconds cannot see a hang (that takes 10 s and more without progress);
-    the daemon has watched the jobs all along. Returns ``{"url", "answered", "error", "incidents"}``:
-    no daemon listening is not an error (``answered`` false, ``error`` None)."""
+    the daemon has watched the jobs all along. Returns ``{"url", "answered", "error", "incidents"}``;
+    a daemon that does not answer (none listening, too slow, refusing) has ``answered`` false and
+    ``error`` saying why: its incidents are unknown, not none (``hangd status`` exits 4)."""
     host, port = settings.host_port()
     host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
-    base = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    ctx = None
+    try:
+        tls = settings.tls()
+    except ConfigError:
+        tls = None
+    if tls:
+        # the node's own daemon: trust the certificate it serves, whatever name it was made for
+        ctx = ssl.create_default_context(cafile=tls[0])
+        ctx.check_hostname = False
+    scheme = "https" if tls else "http"
+    base = f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
     out: dict[str, Any] = {"url": base, "answered": False, "error": None, "incidents": []}
     req = urllib.request.Request(base + "/incidents?status=open&limit=100")
-    try:
-        token = settings.resolved_token()
+    try:  # it only reads: the read token when there is one, else the write token
+        token = settings.resolved_read_token() or settings.resolved_token()
     except ConfigError as e:
         token = None
         out["error"] = f"no token to ask it with: {e}"
     if token:
         req.add_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310 - the node's own daemon
+        with urllib.request.urlopen(req, timeout=timeout, context=ctx) as r:  # noqa: S310 - the node's own daemon
             doc = json.loads(r.read(8 << 20))
     except urllib.error.HTTPError as e:
-        hint = " HINT: set HANGD_TOKEN or token_file as hangd serve has it" if e.code == 401 else ""
+        hint = " HINT: set HANGD_READ_TOKEN_FILE (or HANGD_TOKEN_FILE) as hangd serve has it" if e.code == 401 else ""
         out["error"] = f"hangd serve at {base} answered HTTP {e.code}{hint}"
         return out
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", e)
-        if isinstance(reason, ConnectionRefusedError):
-            return out  # no daemon on this node: nothing to add
+        if isinstance(reason, ConnectionRefusedError):  # none listens: say so, "no incident" would read as all clear
+            out["error"] = (f"hangd serve at {base} did not answer: connection refused HINT: start it (systemctl "
+                            "start hangd, or hangd serve), or set listen (HANGD_LISTEN) to where it listens")
+            return out
         out["error"] = f"hangd serve at {base} did not answer: {reason}"
         return out
     except ValueError as e:
@@ -73,29 +86,22 @@ def daemon_incidents(settings: Settings, timeout: float = 2.0) -> dict[str, Any]
 
 
 def collect_status(settings: Settings, seconds: float = 2.0) -> dict[str, Any]:
-    node = LiveNode(settings)
-    an = Analyzer()
     samples = max(2, int(seconds) + 1)
-    snap = None
-    first_t: float | None = None
-    for i in range(samples):
-        snap = node.sample()
-        first_t = snap.t if first_t is None else first_t
-        an.step(snap)
-        an.take_requests()
-        if i < samples - 1:
-            time.sleep(seconds / (samples - 1))
-    assert snap is not None
+    loop = live_loop(settings, interval=seconds / (samples - 1), keep_going=False)
+    seen: list[Snapshot] = []
+    loop.run(lambda snap, _changes, _incidents: seen.append(snap), ticks=samples)
+    front, snap, first_t = loop.front, seen[-1], seen[0].t
     now = snap.t
     gpus = [{"index": g.index, "name": g.name, "uuid": g.uuid, "util_gpu": g.util_gpu, "mem_used": g.mem_used,
              "mem_total": g.mem_total, "power_w": g.power_w,
              "gpm": g.gpm, "procs": [{"pid": p.pid, "used": p.used} for p in g.procs]} for g in snap.gpus]
     procs = []
-    for st in an.processes():
+    for rec in front.processes():
+        st = rec.to_dict()
         grew = st.get("log_grew_at")
         if "nvml" in snap.unavailable:
             st = {**st, "gpu_mem_bytes": None}  # GPUs unseen: their memory is unknown, not 0 B
-        cmd = an.cmdline(st["pid"])
+        cmd = front.cmdline(st["pid"])
         # a state already there at the first look began before hangd looked: its age is a lower bound
         # (a process "started 9 s ago" and still starting has not been so for only the 2 s watched)
         held_before = first_t is not None and st["since"] <= round(first_t, 3)
@@ -107,13 +113,13 @@ def collect_status(settings: Settings, seconds: float = 2.0) -> dict[str, Any]:
     daemon = daemon_incidents(settings)
     incidents = list(daemon.pop("incidents"))
     known = {(i["job"], i["kind"]) for i in incidents}
-    for own in an.incidents(open_only=True):  # this look's own, unless the daemon already has it
+    for own in front.incidents(open_only=True):  # this look's own, unless the daemon already has it
         if (own.job, own.kind) not in known:
             d = {k: v for k, v in own.to_dict().items() if k != "evidence"}
             d.update({f"{k}_iso": iso_field(d.get(k)) for k in ("opened_at", "updated_at", "resolved_at", "hang_started_at")})
             incidents.append({**d, "source": "this look"})
     return {"t": now, "t_iso": iso_field(now), "gpus": gpus, "gpus_unseen": gpus_unseen(snap.unavailable),
-            "processes": procs, "jobs": an.jobs(), "incidents": incidents, "daemon": daemon,
+            "processes": procs, "jobs": [j.to_dict() for j in front.jobs()], "incidents": incidents, "daemon": daemon,
             "unavailable": snap.unavailable}
 
 

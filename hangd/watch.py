@@ -62,7 +62,7 @@ class Watcher:
             status = "open" if inc.open else "resolved"
             text = (f"{iso_local(inc.updated_at)} INCIDENT #{inc.id} {inc.kind} {status} job {inc.job}: opened "
                     f"{iso_local(inc.opened_at)} ({ago(inc.opened_at, snap.t)}), culprit ranks "
-                    f"{inc.culprit_ranks or '-'}\n    {inc.summary}")
+                    f"{inc.culprit_ranks or '-'}\n    {inc.summary_with_who()}")
             if inc.next_step and inc.open:
                 text += f"\n    next step: {inc.next_step}"
             self._print({"type": "incident", **d}, text)

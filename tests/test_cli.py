@@ -74,7 +74,7 @@ def test_nvml_turned_off_is_named_as_the_reason(blind_env):
     assert "GPUs cannot be seen: turned off by the setting nvml = false (HANGD_NVML=0)" in out.stderr
 
 
-def test_blind_node_with_a_job_still_reports_it_exits_0_and_shows_its_command(blind_env, tmp_path):
+def test_blind_node_with_a_job_still_reports_it_and_shows_its_command(blind_env, tmp_path):
     script = tmp_path / "proj" / "train.py"
     script.parent.mkdir()
     script.write_text("import time\nwhile True:\n    print('step', flush=True)\n    time.sleep(0.2)\n")
@@ -87,7 +87,7 @@ def test_blind_node_with_a_job_still_reports_it_exits_0_and_shows_its_command(bl
     finally:
         job.kill()
         job.wait()
-    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.returncode == 4, out.stdout + out.stderr  # a job, nothing found, and no hangd serve asked
     assert out.stderr.startswith("hangd: GPUs cannot be seen"), "still loud about the GPUs"
     proc = next(p for p in doc["processes"] if p["pid"] == job.pid)
     assert proc["command"] == "proj/train.py --lr 1"  # not the interpreter's path cut short
@@ -126,7 +126,41 @@ def test_status_shows_the_open_incidents_of_the_nodes_daemon_and_exits_1(blind_e
     assert [(x["id"], x["kind"], x["source"]) for x in doc["incidents"]] == [(1, "collective_mismatch", "hangd serve")]
     # a daemon that refuses status is said, with what to do; status then knows of no incident
     assert no_token.returncode == 3
-    assert "answered HTTP 401 HINT: set HANGD_TOKEN" in no_token.stderr
+    assert "answered HTTP 401 (its open incidents are not shown) HINT: set HANGD_TOKEN" in no_token.stderr
+
+
+def test_status_with_a_job_and_no_daemon_answering_says_so_on_stderr_and_exits_4(blind_env, tmp_path):
+    """A look of 2 s finds no hang by itself; only hangd serve, which has watched all along, knows
+    the open incidents. When it does not answer, "no incident" must not read as all clear."""
+    job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], env={
+        **blind_env, blind_env["HANGD_JOB_ENV"]: "1", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2",
+        "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})
+    try:
+        time.sleep(0.5)
+        out = hangd("status", "--seconds", "1", env=blind_env)
+        doc = json.loads((js := hangd("status", "--seconds", "1", "--json", env=blind_env)).stdout)
+        s = serve(tmp_path, env=blind_env)  # now a daemon answers, at the address status asks
+        try:
+            answered = hangd("status", "--seconds", "1", env={**blind_env, "HANGD_LISTEN": s.url.removeprefix("http://")})
+        finally:
+            s.stop()
+    finally:
+        job.kill()
+        job.wait()
+    url = f"http://{blind_env['HANGD_LISTEN']}"
+    assert out.returncode == 4 and js.returncode == 4, out.stdout + out.stderr
+    assert any(p["pid"] == job.pid for p in doc["processes"]), "the job is seen"
+    line = next(x for x in out.stderr.splitlines() if "hangd serve" in x)
+    assert line == (f"hangd: hangd serve at {url} did not answer: connection refused (its open incidents are not "
+                    "shown) HINT: start it (systemctl start hangd, or hangd serve), or set listen (HANGD_LISTEN) to "
+                    "where it listens"), out.stderr
+    assert sum("hangd serve" in x for x in out.stderr.splitlines()) == 1 and "Traceback" not in out.stderr
+    assert doc["daemon"] == {"url": url, "answered": False, "error": doc["daemon"]["error"]}
+    assert doc["daemon"]["error"].startswith(f"hangd serve at {url} did not answer: connection refused")
+    # with the daemon answering, the same look is all clear (1 only if that daemon, watching the whole
+    # machine, had opened an incident on another job running here)
+    assert answered.returncode in (0, 1), answered.stdout + answered.stderr
+    assert "hangd serve" not in answered.stderr, answered.stderr
 
 
 def test_watch_on_a_blind_node_says_so_once_then_exits_3(blind_env):

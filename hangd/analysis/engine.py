@@ -19,12 +19,11 @@ import logging
 from collections import deque
 from typing import Any
 
-from hangd.analysis import report, stackcat
+from hangd.analysis import hardware, local, rankstate, report, stackcat
 from hangd.analysis.detectors import Env, exits, hang, mismatch, orphan, straggler
 from hangd.analysis.identity import Job, group_jobs
 from hangd.analysis.local import REQUEST_WCHANS, Context, classify
 from hangd.analysis.model import (
-    LOCAL_TO_STATE,
     SEVERITY_ORDER,
     STATES,
     Local,
@@ -41,6 +40,9 @@ from hangd.incidents import Incident, IncidentBook
 from hangd.snapshot import GpuSample, RemoteDump, RemoteRank, Snapshot
 
 log = logging.getLogger("hangd.analysis")
+
+# Kernel wait points of a sleep in the process's own code (time.sleep), not a block on something.
+SLEEP_WCHANS = ("hrtimer_nanosleep", "do_nanosleep", "clock_nanosleep", "common_nsleep")
 
 __all__ = ["STATES", "Analyzer", "REQUEST_WCHANS", "Requests", "StateChange"]
 
@@ -71,6 +73,7 @@ class Analyzer:
         self.node_name: str | None = None  # this node's name in a fleet (it names ranks "rank 3 on node-b")
         self.last_t = 0.0  # the time of the newest snapshot
         self.env = Env(self.th, self.view, self.tracks, self.progress, self.book, node=lambda: self.node_name)
+        self.book.who_of = lambda job: j.who if (j := self.job_defs.get(job)) is not None else None
 
     # ------------------------------------------------------------------ public surface
 
@@ -232,7 +235,8 @@ class Analyzer:
                         "identity": job.key_parts, "world_size": job.world_size, "launcher": job.launcher,
                         "last_progress": round(max(lasts), 3) if lasts else None,
                         # only for a job with ranks on other nodes: a single node's views stay as they were
-                        **({"spans_nodes": job.spans_nodes} if job.spans_nodes else {})})
+                        **({"spans_nodes": job.spans_nodes} if job.spans_nodes else {}),
+                        **({"who": job.who} if job.who else {})})  # owner, Slurm job, pod: where known
         return out
 
     job_states = jobs  # the older name
@@ -250,7 +254,8 @@ class Analyzer:
             out.append({"index": idx, "uuid": g.uuid, "name": g.name, "util_gpu": g.util_gpu, "util_mem": g.util_mem,
                         "mem_used": g.mem_used, "mem_total": g.mem_total,
                         "power_w": g.power_w, "temp_c": g.temp_c,
-                        "sm_clock": g.sm_clock, "gpm": g.gpm, "processes": [{"pid": p.pid, "used": p.used} for p in g.procs]})
+                        "sm_clock": g.sm_clock, "gpm": g.gpm, "processes": [{"pid": p.pid, "used": p.used} for p in g.procs],
+                        **hardware.gpu_record(self.view.hw, idx, g, self.view.t)})
         return out
 
     # ------------------------------------------------------------------ evidence arriving
@@ -506,56 +511,19 @@ class Analyzer:
         return self._states(jv, orphans)
 
     def _states(self, jv: JobView, orphans: set[int]) -> list[StateChange]:
-        """Each rank's reported state, from its reading and the job's. A single wait shorter than
-        the hang threshold is a blip (or the first seconds of a hang): ranks keep their state. A
-        wait that recurs, or lasts while the job still progresses, shows who waits for whom."""
-        th = self.th
+        """Each rank's reported state: its evidence record, decided by ``rankstate``'s table."""
         job, tr, t, live = jv.job, jv.track, jv.t, jv.live
-        waiting = jv.waiting
-        serving = jv.serving
-        idle_server = bool(waiting) and bool(set(live) - waiting) and (set(live) - waiting) <= serving
-        # a pattern: at least two earlier waits in the window (one earlier blip is not one)
-        recurring = tr.episode is not None and sum(
-            1 for tt, c in tr.episodes
-            if tr.episode_start - th.straggler_window_s <= tt < tr.episode_start - 0.5 and c == tr.episode) >= th.straggler_recurring
-        hold = bool(waiting) and not recurring and t - tr.episode_start < th.hang_gpu_s
+        facts = self._job_facts(jv)
         changes = []
         for pid in live:
-            rd = jv.readings[pid]
-            loc, why = rd.local, rd.why
-            p = self._track(pid)
-            if loc == Local.ZOMBIE:
+            if jv.readings[pid].local == Local.ZOMBIE:
                 continue
-            state: State
-            if pid in orphans:
-                state, reason = State.ORPHANED, orphan.reason(self.view, pid) + f"; now {why}"
-            elif tr.hung:
-                hinc = self.book.get(job.id, hang.FAMILY)
-                state = State.HUNG
-                reason = (f"job hung: no rank has progressed for {jv.quiet:.0f} s; this rank: {why}"
-                          + (f" (incident #{hinc.id} {hinc.kind})" if hinc else ""))
-            elif idle_server and pid in waiting:
-                state = State.IDLE
-                coord = ", ".join(str(job.ranks[o]) for o in jv.by_rank(serving))
-                reason = f"idle server: waits for rank {coord}, which waits for requests; this rank: {why}"
-            elif (hold or (loc == Local.STOPPED and not waiting)) and p.state not in (None, State.STARTING) \
-                    and loc in (Local.SPINNING, Local.WAITING, Local.QUIET, Local.CPU, Local.STOPPED):
-                state, reason = p.state, p.reason
-            elif loc.waits_for_peer:
-                others = [o for o in live if o != pid and o not in waiting]
-                state = State.WAITING_PEER
-                reason = why + (f"; waiting for rank {', '.join(str(job.ranks[o]) for o in others)}" if others else "")
-            elif loc == Local.STOPPED or (waiting and pid not in waiting and pid not in serving
-                                          and loc not in (Local.LOADING, Local.COMPILING, Local.GRAPH_CAPTURE)):
-                state = State.STRAGGLER
-                waiters = ", ".join(str(job.ranks[w]) for w in sorted(waiting, key=lambda w: job.ranks.get(w, 0)))
-                reason = (f"rank{'s' if len(waiting) > 1 else ''} {waiters} wait{'s' if len(waiting) == 1 else ''} "
-                          f"for it in a collective; this rank: {why}") if waiting else why
-            else:
-                state, reason = LOCAL_TO_STATE.get(loc, State.IDLE), why
-            if not p.started:
-                state, reason = self._starting(pid, jv, state, reason, t)
-            ch = self._set_state(pid, job, state, reason, t, jv.sigs[pid])
+            ev = self._evidence(pid, jv, facts, pid in orphans)
+            d = rankstate.decide(ev)
+            p = self._track(pid)
+            p.started = p.started or ev.first_evidence or d.state not in (State.STARTING,)
+            p.rule = d.rule
+            ch = self._set_state(pid, job, d.state, d.reason, t, jv.sigs[pid])
             if ch is not None:
                 changes.append(ch)
         for pid in list(tr.exited):
@@ -566,33 +534,207 @@ class Analyzer:
                 changes.append(StateChange(t, pid, job.ranks.get(pid), job.id, State.GONE, "the process exited"))
         return changes
 
-    def _starting(self, pid: int, jv: JobView, state: State, reason: str, t: float) -> tuple[State, str]:
-        """Setting up ends with the first sign of what the process is for: GPU work, loading,
-        capture, compiling, a wait, a request loop, a stack that says where it is, or sleeping
-        quietly for a few seconds after its setup."""
+    def _job_facts(self, jv: JobView) -> dict[str, Any]:
+        """What the job says at this tick, the same for each of its ranks."""
+        th = self.th
+        job, tr, t = jv.job, jv.track, jv.t
+        waiting, serving = jv.waiting, jv.serving
+        hinc = self.book.get(job.id, hang.FAMILY)
+        hung_why = ""
+        hung_ref = f" (incident #{hinc.id} {hinc.kind})" if hinc else ""
+        if tr.hung:
+            hung_why = f"job hung: no rank has progressed for {jv.quiet:.0f} s"
+        exited = hinc is not None and hinc.kind == "rank_exited" and not tr.hung
+        if exited:
+            assert hinc is not None
+            hung_why = f"job hung: rank {', '.join(map(str, hinc.culprit_ranks))} exited and the others wait for it"
+        idle, idle_why = self._idle_server(jv)
+        # a pattern: at least two earlier waits in the window (one earlier blip is not one)
+        recurring = tr.episode is not None and sum(
+            1 for tt, c in tr.episodes
+            if tr.episode_start - th.straggler_window_s <= tt < tr.episode_start - 0.5 and c == tr.episode) >= th.straggler_recurring
+        # a rank the waiting ones wait for is working: they wait for a peer that works
+        peer_works = any((x := self.progress.of(o).last) is not None and x > tr.episode_start
+                         and t - x <= th.progress_recent_s for o in jv.live if o not in waiting)
+        return {"hung": tr.hung, "exited": exited, "hung_why": hung_why, "hung_ref": hung_ref, "idle": idle, "idle_why": idle_why,
+                # a wait read off the GPU may be a blip; any wait while nothing moves may be a hang in
+                # the making; a wait for a peer that works is waiting_peer at once
+                "hold": bool(waiting) and not recurring and (
+                    (bool(jv.spinning) and t - tr.episode_start < (th.hang_gpu_s if not peer_works else 2 * th.dwell_s))
+                    or (not peer_works and jv.quiet < 2 * th.hang_host_s)),
+                "waiting": waiting, "serving": serving}
+
+    def _idle_server(self, jv: JobView) -> tuple[bool, str]:
+        """An idle server: ranks wait for one that waits for requests from outside the job, or the
+        ranks' collectives keep completing while none of them works (a scheduler polling an empty
+        queue and broadcasting empty batches many times a second)."""
+        job, live, t = jv.job, jv.live, jv.t
+        waiting, serving = jv.waiting, jv.serving
+        others = set(live) - waiting
+        if waiting and others and others <= serving:
+            coord = ", ".join(str(job.ranks[o]) for o in jv.by_rank(serving))
+            return True, f"idle server: waits for rank {coord}, which waits for requests"
+        if not waiting or not others:
+            return False, ""
+        working = (Local.BUSY, Local.LOADING, Local.WRITING, Local.COMPILING, Local.GRAPH_CAPTURE, Local.STOPPED,
+                   Local.WORKER_WAIT, Local.IO_WAIT)
+        if any(jv.readings[p].local in working for p in live):
+            return False, ""
+        if jv.last_strong is not None and t - jv.last_strong <= self.th.stack_quiet_s:
+            return False, ""  # something does work: the waits are for it
+        completing = [p for p in waiting if self._collectives_complete(p, jv)]
+        if not completing:
+            return False, ""
+        coord = ", ".join(str(job.ranks[o]) for o in jv.by_rank(others))
+        return True, (f"idle server: the collectives with rank {coord} keep completing "
+                      f"({jv.sigs[completing[0]].wakes_per_s or 0:.0f} a second) and no rank works")
+
+    def _collectives_complete(self, pid: int, jv: JobView) -> bool:
+        """Blocked in a collective whose main thread keeps waking: the collectives complete."""
+        s = jv.sigs[pid]
+        return self._last_wait(pid, s, jv.t) == "collective" and (s.wakes_per_s or 0) >= self.th.wake_per_s
+
+    def _evidence(self, pid: int, jv: JobView, facts: dict[str, Any], orphaned: bool) -> rankstate.Evidence:
+        """The record ``rankstate.decide`` judges: per source whether the rank moved, what it
+        waits on, what its job says."""
+        job, t = jv.job, jv.t
+        s, rd, p = jv.sigs[pid], jv.readings[pid], self._track(pid)
+        waiting, serving = facts["waiting"], facts["serving"]
+        progress, how = self._progress_record(pid, s, t)
+        waits_on, detail = self._waits_on(pid, jv)
+        loc = rd.local
+        peers = [w for w in waiting if w != pid]
+        peers_wait = ", ".join(str(job.ranks[w]) for w in jv.by_rank(peers)) \
+            if peers and pid not in waiting and pid not in serving else ""
+        it_waits_for = ", ".join(str(job.ranks[o]) for o in jv.by_rank([o for o in jv.live if o != pid and o not in waiting])) \
+            if loc.waits_for_peer else ""
+        worker_stuck = loc == Local.WORKER_WAIT and progress.get("children") != rankstate.Moved.YES
+        job_hung = facts["hung"] or (facts["exited"] and loc not in (Local.BUSY, Local.LOADING, Local.WRITING, Local.COMPILING))
+        why = rd.why + (f": {detail}" if detail and loc == Local.WORKER_WAIT else "")
+        return rankstate.Evidence(
+            local=loc, why=why, progress=progress, how=how, waits_on=waits_on, waits_detail=detail,
+            started=p.started, first_evidence=self._first_evidence(pid, jv), previous=p.state, why_previous=p.reason,
+            orphaned=orphaned, orphan_why=orphan.reason(self.view, pid) if orphaned else "",
+            job_hung=job_hung, hung_why=facts["hung_why"], hung_ref=facts["hung_ref"], age_s=s.age_s,
+            idle_server=facts["idle"] and not worker_stuck, idle_why=facts["idle_why"],
+            hold=facts["hold"], peers_wait_for_it=peers_wait, it_waits_for=it_waits_for)
+
+    def _progress_record(self, pid: int, s: ProcSignals, t: float) -> tuple[dict[str, rankstate.Moved], dict[str, str]]:
+        th = self.th
+        M = rankstate.Moved
+        out: dict[str, rankstate.Moved] = {}
+        how: dict[str, str] = {}
+
+        def put(src: str, known: bool, moved: bool, words: str = "") -> None:
+            out[src] = M.UNKNOWN if not known else (M.YES if moved else M.NO)
+            if moved and words:
+                how[src] = words
+
+        g = s.gpu
+        put("gpu_work", bool(s.gpu_indexes) and g.util is not None, g.works(th), "its GPU works")
+        put("cpu_own_code", s.cpu_cores is not None, (s.cpu_cores or 0) >= th.busy_cpu_cores,
+            f"on CPU ({s.cpu_cores or 0:.1f} cores)")
+        put("read", s.in_long_per_s is not None, local.moves(s, th, "in"),
+            f"read {(s.in_long_per_s or 0) / 1e6:.0f} MB/s ({s.in_counter})")
+        put("write", s.out_long_per_s is not None, local.moves(s, th, "out"),
+            f"wrote {(s.out_long_per_s or 0) / 1e6:.0f} MB/s ({s.out_counter})")
+        put("log", True, s.log_grew_at is not None and t - s.log_grew_at <= th.window_s, "wrote to its log")
+        put("collectives", s.wakes_per_s is not None, self._last_wait(pid, s, t) == "collective"
+            and (s.wakes_per_s or 0) >= th.wake_per_s, "its collectives complete")
+        p = self._track(pid)
+        put("stack", p.stack_sig_t is not None, bool(p.stack_sig_t and self.progress.of(pid).why.startswith("its stack")
+                                                     and t - (self.progress.of(pid).last or 0) <= th.window_s),
+            "its stack changed")
+        kids = self._children(pid)
+        put("children", bool(kids), any(self._child_works(c, t) for c in kids), "its workers work")
+        return out, how
+
+    def _children(self, pid: int) -> list[int]:
+        """Live processes it started (DataLoader workers, pool processes, subprocesses)."""
+        return [c for c, h in self.view.procs.items()
+                if h.gone_at is None and (lp := h.latest()) is not None and lp.ppid == pid and lp.state not in ("Z", "X")]
+
+    def _child_works(self, pid: int, t: float) -> bool:
+        win = self.view.proc_window(pid, t, self.th.window_s)
+        if len(win) < 2:
+            return False
+        (t0, a), (t1, b) = win[0], win[-1]
+        used = b.cpu_seconds_between(a)
+        if used is None or t1 <= t0:
+            return False
+        return used / (t1 - t0) >= self.th.busy_cpu_cores / 2
+
+    def _waits_on(self, pid: int, jv: JobView) -> tuple[rankstate.WaitsOn, str]:
+        """What it waits on, and for a worker of its own which one and what that one does."""
+        W = rankstate.WaitsOn
+        rd = jv.readings[pid]
+        loc = rd.local
+        if loc in (Local.SPINNING, Local.WAITING):
+            return W.PEER, ""
+        if loc == Local.STOPPED:
+            return W.STOPPED, ""
+        if loc == Local.SERVING:
+            return W.OUTSIDE, ""
+        if loc == Local.WORKER_WAIT:
+            kids = self._children(pid)
+            if not kids:
+                return W.OWN_WORKER, "a thread of its own"
+            words = []
+            for c in kids[:3]:
+                lp = self.view.procs[c].latest()
+                assert lp is not None
+                doing = "working" if self._child_works(c, jv.t) else \
+                    (f"sleeping in {lp.wchan}" if lp.wchan and lp.wchan != "0" else f"state {lp.state}")
+                words.append(f"pid {c} ({doing})")
+            name = "DataLoader worker" if "dataloader" in (self._track(pid).verdict.frame or "").lower() else "worker"
+            return W.OWN_WORKER, f"its {name}{'s' if len(kids) > 1 else ''} " + ", ".join(words) + \
+                (f" and {len(kids) - 3} more" if len(kids) > 3 else "")
+        kind = self._track(pid).verdict.kind
+        if kind == "lock_wait":
+            return W.LOCK, ""
+        if kind == "sleeping":
+            return W.SLEEP, ""
+        if loc in (Local.QUIET, Local.CPU, Local.IO_WAIT):
+            return W.UNKNOWN, ""
+        return W.NOTHING, ""
+
+    def _first_evidence(self, pid: int, jv: JobView) -> bool:
+        """Setting up ends with the first sign of what the process is for, whatever its age: GPU
+        work, memory beyond a CUDA context, loading, writing, capture, compiling, a wait, a request
+        loop, a stack that says where it is, CPU work of its own once the imports are over (its GPU
+        context exists, or past the setup window), or sleeping a few seconds after its setup."""
         th = self.th
         p = self._track(pid)
         s = jv.sigs[pid]
-        rd = jv.readings[pid]
-        asleep = (s.cpu_cores or 0) < th.startup_quiet_cpu_cores and s.state in ("S", "I") and rd.local == Local.QUIET
-        if asleep:
-            p.quiet_since = p.quiet_since if p.quiet_since is not None else t
-        else:
-            p.quiet_since = None
-        conclusive = state in (State.LOADING, State.GRAPH_CAPTURE, State.COMPILING, State.WAITING_PEER, State.STRAGGLER,
-                               State.HUNG, State.ORPHANED) \
-            or (rd.local == Local.BUSY and bool(s.gpu_indexes)) \
-            or rd.local in (Local.SERVING, Local.SPINNING, Local.WAITING) \
-            or (rd.local == Local.QUIET and p.verdict.known and p.verdict_t is not None) \
-            or (p.quiet_since is not None and t - p.quiet_since >= th.startup_quiet_s and s.age_s >= th.startup_quiet_s) \
-            or (p.quiet_since is not None and s.age_s >= th.startup_cpu_s + th.startup_quiet_s) \
-            or s.age_s >= th.startup_max_s
-        if rd.local in (Local.CPU, Local.BUSY) and not s.gpu_indexes:
-            conclusive = s.age_s >= th.startup_cpu_s and self.progress.of(pid).last_strong is not None
-        if conclusive:
-            p.started = True
-            return state, reason
-        return State.STARTING, f"started {s.age_s:.0f} s ago and still setting up: {rd.why}"
+        loc = jv.readings[pid].local
+        t = jv.t
+        asleep = (s.cpu_cores or 0) < th.startup_quiet_cpu_cores and s.state in ("S", "I") and loc == Local.QUIET
+        p.quiet_since = (p.quiet_since if p.quiet_since is not None else t) if asleep else None
+        working = loc in (Local.LOADING, Local.WRITING, Local.IO_WAIT, Local.CPU, Local.BUSY)
+        p.working_since = (p.working_since if p.working_since is not None else t) if working else None
+        if loc == Local.WAITING and p.verdict.kind == "store":
+            return False  # the rendezvous of its start-up: still setting up (a hang says itself)
+        if loc in (Local.SERVING, Local.SPINNING, Local.WAITING, Local.WORKER_WAIT, Local.GRAPH_CAPTURE,
+                   Local.COMPILING, Local.STOPPED):
+            return True
+        if loc == Local.BUSY and s.gpu.works(th):
+            return True
+        fresh = p.verdict_t is not None and t - p.verdict_t <= th.stack_repeat_s
+        if working and fresh and p.verdict.kind == "importing":
+            return False  # its stack says it still imports
+        moving = loc in (Local.LOADING, Local.WRITING) and (bool(s.gpu_indexes) or s.age_s >= th.startup_imports_s) \
+            and t - (p.working_since or t) >= th.startup_work_s
+        if working and (fresh and p.verdict.known or s.age_s >= th.startup_cpu_s or moving):
+            # its own code (a stack says so), past the imports, or moving data faster than imports do
+            return True
+        if s.gpu_mem >= th.started_gpu_mem_bytes and loc == Local.QUIET and s.wchan in SLEEP_WCHANS:
+            return True  # set up (its memory is in) and asleep in a loop of its own: idle, not blocked
+        if loc == Local.QUIET and p.verdict.known and p.verdict_t is not None and p.verdict.kind != "importing":
+            return True
+        if p.quiet_since is not None and (t - p.quiet_since >= th.startup_quiet_s and s.age_s >= th.startup_quiet_s
+                                          or s.age_s >= th.startup_cpu_s + th.startup_quiet_s):
+            return True
+        return s.age_s >= th.startup_max_s
 
     def _set_state(self, pid: int, job: Job, state: State, reason: str, t: float, s: ProcSignals) -> StateChange | None:
         p = self._track(pid)

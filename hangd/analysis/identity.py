@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
+from hangd.analysis import owner
 from hangd.analysis.signals import NodeView, ProcHistory, Thresholds
 from hangd.snapshot import Role
 
@@ -53,6 +55,7 @@ class Job:
     world_size: int | None = None
     distributed: bool = False  # several ranks, or a world size above 1: a peer exists to wait for
     spans_nodes: str | None = None  # why its ranks are only part of the job (the others run on other nodes)
+    who: dict[str, Any] = field(default_factory=dict)  # its owner, Slurm job and pod (hangd.analysis.owner)
 
     @property
     def pids(self) -> list[int]:
@@ -312,6 +315,7 @@ def group_jobs(view: NodeView, th: Thresholds | None = None, fr_ranks: dict[int,
                 job.world_size = int(ws)
             job.spans_nodes = job.spans_nodes or (spans_nodes(env_of(h)) if "launcher" not in parts else None)
         _assign_ranks(view, job, hs, fr_ranks)
+        job.who = owner.who(sorted(hs, key=lambda h: (job.ranks[h.pid], h.pid)))
         parents = {h.first_ppid for h in hs}
         if len(parents) == 1:
             p = parents.pop()

@@ -40,15 +40,21 @@ def classify(s: ProcSignals, ctx: Context, th: Thresholds) -> Reading:
     # importing python packages at start reads too, but into nothing
     filling = (s.gpu_mem_rate > 0 or s.d_fraction >= th.filling_d_fraction) and (bool(s.gpu_indexes) or s.age_s >= th.startup_cpu_s)
     reading = filling and ((s.read_per_s or 0) >= th.load_read_per_s or (s.rchar_per_s or 0) >= th.load_rchar_per_s)
-    # a slow reader: bytes from the disk in bursts with sleeps between, long past start-up
-    slow_reading = (s.io_long_per_s or 0) >= th.load_read_per_s and s.io_active_s >= th.io_sustained_s and \
-        (s.read_per_s or 0) + (s.write_per_s or 0) >= th.io_bytes_per_s and \
+    # a slow reader: bytes from the disk (read_bytes) in bursts with sleeps between, long past start-up;
+    # reads only: a checkpoint writer's bytes go the other way
+    slow_reading = (s.in_long_per_s or 0) >= th.load_read_per_s and s.in_counter == "read_bytes" and \
+        s.in_active_s >= th.io_sustained_s and (s.in_long_per_s or 0) >= th.moving_ratio * (s.out_long_per_s or 0) and \
         (filling or s.age_s >= th.startup_cpu_s or (s.cpu_cores or 0) < th.busy_cpu_cores)  # imports burn CPU
-    if not works and (reading or slow_reading or v.kind == "loading" or ("loading" in s.log_kinds and s.d_fraction > 0)):
-        if reading:
+    # compiler processes write and read their files: bytes moving under a compiling rank are its compile
+    compiling = v.kind == "compiling" or (s.compile_children > 0 and (s.cpu_cores or 0) >= th.compile_cpu_cores)
+    moving_in, moving_out = moves(s, th, "in") and not compiling, moves(s, th, "out") and not compiling
+    if not works and (reading or slow_reading or moving_in or v.kind == "loading" or ("loading" in s.log_kinds and s.d_fraction > 0)):
+        if moving_in and not reading:
+            why = f"reading {(s.in_long_per_s or 0) / 1e6:.0f} MB/s over the last {th.io_window_s:.0f} s ({s.in_counter})"
+        elif reading:
             why = f"reading {((s.read_per_s or 0) + (s.rchar_per_s or 0)) / 1e6:.0f} MB/s from disk"
         elif slow_reading:
-            why = f"reading {(s.io_long_per_s or 0) / 1e6:.0f} MB/s from disk over the last {th.io_window_s:.0f} s"
+            why = f"reading {(s.in_long_per_s or 0) / 1e6:.0f} MB/s from disk over the last {th.io_window_s:.0f} s"
         elif v.kind == "loading":
             why = f"its stack is {v.why} ({v.frame})"
         else:
@@ -56,6 +62,9 @@ def classify(s: ProcSignals, ctx: Context, th: Thresholds) -> Reading:
         if s.gpu_mem_rate > 0:
             why += f", GPU memory growing {s.gpu_mem_rate / 1e6:.0f} MB/s"
         return Reading(Local.LOADING, why)
+    if not works and moving_out:
+        return Reading(Local.WRITING, f"writing {(s.out_long_per_s or 0) / 1e6:.0f} MB/s over the last "
+                                      f"{th.io_window_s:.0f} s ({s.out_counter})")
     if v.kind == "graph_capture":
         return Reading(Local.GRAPH_CAPTURE, f"its stack is capturing a CUDA graph ({v.frame})")
     growing = min(s.gpu_mem_rate, s.gpu_mem_rate_before) >= th.capture_growth_per_s
@@ -68,9 +77,16 @@ def classify(s: ProcSignals, ctx: Context, th: Thresholds) -> Reading:
         return Reading(Local.BUSY, (f"GPU working: tensor {g.tensor or 0:.0f}%, DRAM {g.dram or 0:.0f}%, NVLink "
                                     f"{g.nvlink_mibs or 0:.0f} MiB/s, {g.power_w or 0:.0f} W") if g.has_gpm else
                        f"GPU working: util {g.util or 0:.0f}%, memory controller {g.util_mem or 0:.0f}%")
-    if v.kind == "compiling" or "compiling" in s.log_kinds or (s.compile_children > 0 and (s.cpu_cores or 0) >= th.compile_cpu_cores):
+    # the phase its own log named last still holds while it stays on the CPU with no GPU work since
+    on_cpu = (s.cpu_cores or 0) >= th.busy_cpu_cores and s.state == "R"
+    log_compiles = "compiling" in s.log_kinds or (
+        on_cpu and s.log_phase is not None and s.log_phase[0] == "compiling"
+        and (s.gpu_work_at is None or s.gpu_work_at < s.log_phase[1]))
+    if v.kind == "compiling" or log_compiles or (s.compile_children > 0 and (s.cpu_cores or 0) >= th.compile_cpu_cores):
         why = f"its stack is compiling ({v.frame})" if v.kind == "compiling" else \
-            f"{s.compile_children} compiler processes under it" if s.compile_children else "its log says it compiles"
+            f"{s.compile_children} compiler processes under it" if s.compile_children else \
+            "its log says it compiles" if "compiling" in s.log_kinds else \
+            "its log said it compiles, and it has been on the CPU since"
         return Reading(Local.COMPILING, why)
     if g.spins(th):
         return Reading(Local.SPINNING, (f"spinning in a GPU collective: util {g.util or 0:.0f}% but SM {g.sm or 0:.0f}%, "
@@ -79,6 +95,8 @@ def classify(s: ProcSignals, ctx: Context, th: Thresholds) -> Reading:
                        f"spinning on the GPU: util {g.util or 0:.0f}% with the memory controller idle")
     if v.kind in WAIT_VERDICTS:
         return Reading(Local.WAITING, f"its stack is {v.why}: {v.frame}")
+    if v.kind == "worker_wait":
+        return Reading(Local.WORKER_WAIT, f"its stack is {v.why} ({v.frame})")
     if not s.gpu_indexes and (s.cpu_cores or 0) >= th.cpu_active_cores and ctx.progressed_recently:
         return Reading(Local.BUSY, f"on CPU ({s.cpu_cores or 0:.1f} cores) and progressing: {ctx.progress_why}")
     if v.kind == "request_wait" or (s.wchan or "") in REQUEST_WCHANS:
@@ -86,10 +104,24 @@ def classify(s: ProcSignals, ctx: Context, th: Thresholds) -> Reading:
                        else f"sleeping in {s.wchan}: waiting for requests")
     if s.d_fraction >= th.io_wait_d_fraction:
         return Reading(Local.IO_WAIT, f"in uninterruptible I/O (wchan {s.wchan})")
+    if on_cpu and s.rss_change is not None and abs(s.rss_change) >= th.rss_change_bytes:
+        # moving data in host memory: a checkpoint's tensors coming off the GPU, a dataset decoded
+        return Reading(Local.BUSY, f"on CPU ({s.cpu_cores or 0:.1f} cores), host memory changed by "
+                                   f"{s.rss_change / GiB:+.2f} GiB over the last {th.window_s:.0f} s")
     if (s.cpu_cores or 0) >= th.busy_cpu_cores and s.state == "R":
         # the main thread runs; a side thread alone (a dump being written) is not the job working
         return Reading(Local.CPU, f"on CPU ({s.cpu_cores or 0:.1f} cores)")
     return Reading(Local.QUIET, describe_quiet(s, v))
+
+
+def moves(s: ProcSignals, th: Thresholds, direction: str) -> bool:
+    """Bytes moving one way, sustained over the I/O window and mostly that way: a loader reads
+    (from the disk or the page cache: ``rchar`` alone moves then), a checkpoint writer writes. Data
+    going both ways at once is a rank's own collectives over sockets, not loading or saving."""
+    rate = (s.in_long_per_s if direction == "in" else s.out_long_per_s) or 0
+    other = (s.out_long_per_s if direction == "in" else s.in_long_per_s) or 0
+    active = s.in_active_s if direction == "in" else s.out_active_s
+    return rate >= th.moving_bytes_per_s and active >= th.io_sustained_s and rate >= th.moving_ratio * other
 
 
 def describe_quiet(s: ProcSignals, v: stackcat.Verdict) -> str:

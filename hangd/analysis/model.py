@@ -49,6 +49,8 @@ class Local(StrEnum):
     WAITING = "waiting"  # blocked host-side in a collective or the rendezvous store (its stack says)
     SERVING = "serving"  # waiting for requests from outside (accept, epoll, a request queue)
     IO_WAIT = "io_wait"
+    WORKER_WAIT = "worker_wait"  # blocked on a worker of its own job (a DataLoader worker, a pool, a child)
+    WRITING = "writing"  # moving data out: a checkpoint being written, output being saved
     CPU = "cpu"  # on CPU, no proof of progress
     QUIET = "quiet"  # sleeping, nothing known
 
@@ -61,7 +63,7 @@ class Local(StrEnum):
 LOCAL_TO_STATE: dict[Local, State] = {
     Local.BUSY: State.BUSY, Local.CPU: State.BUSY, Local.QUIET: State.IDLE, Local.SERVING: State.IDLE,
     Local.LOADING: State.LOADING, Local.GRAPH_CAPTURE: State.GRAPH_CAPTURE, Local.COMPILING: State.COMPILING,
-    Local.IO_WAIT: State.LOADING,
+    Local.IO_WAIT: State.LOADING, Local.WRITING: State.BUSY, Local.WORKER_WAIT: State.IDLE,
 }
 
 

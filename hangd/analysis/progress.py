@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from hangd.analysis import local
 from hangd.analysis.signals import GiB, ProcSignals, Thresholds
 
 # A rank blocked in a collective whose main thread keeps waking: its collectives complete. Not the
@@ -94,6 +95,15 @@ class ProgressBook:
             # credited when they were last read
             self.credit(pid, s.io_last_at, f"disk I/O {s.io_long_per_s / 1e6:.0f} MB/s over the last "  # type: ignore[operator]
                         f"{th.io_window_s:.0f} s", strong=True)
+        if not blocked:
+            # bytes moving one way, whichever counter moves: a loader reading from the page cache
+            # raises rchar alone, a checkpoint writer wchar and write_bytes
+            for direction, verb in (("in", "read"), ("out", "wrote")):
+                if local.moves(s, th, direction):
+                    rate = s.in_long_per_s if direction == "in" else s.out_long_per_s
+                    counter = s.in_counter if direction == "in" else s.out_counter
+                    self.credit(pid, t, f"it {verb} {(rate or 0) / 1e6:.0f} MB/s over the last {th.io_window_s:.0f} s "
+                                f"({counter})", strong=True)
         if s.log_grew_at is not None and t - s.log_grew_at <= th.window_s:
             self.credit(pid, s.log_grew_at, "it wrote to its log", strong=True)
         if not s.gpu_indexes and not blocked and (s.rchar_per_s or 0) + (s.wchar_per_s or 0) >= th.socket_char_per_s and \

@@ -14,6 +14,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
+from hangd.analysis.hardware import HardwareLog
 from hangd.incidents import REFRESH_S, TIMELINE_KEPT
 from hangd.snapshot import FileSample, GpuSample, ProcInfo, ProcSample, Snapshot, StackSample
 
@@ -46,6 +47,11 @@ class Thresholds:
     wake_window_s: float = 3.0  # main-thread wake-ups are counted over this window
     wake_per_s: float = 3.0  # a rank blocked in a collective whose main thread wakes this often: they complete
     load_read_per_s: float = 20 * MiB
+    # bytes moving one way over io_window_s, whichever counter: a throttled page-cache reader (8 MB,
+    # then 60 ms asleep) reads ~130 MB/s on rchar alone; a checkpoint writer 78 MB/s (FIELD-NOTES)
+    # (imports read less: transformers' read 10-15 MB/s on rchar for ~10 s, on H200 hosts)
+    moving_bytes_per_s: float = 40 * MiB
+    moving_ratio: float = 4.0  # ... at least this many times more than the other way
     load_rchar_per_s: float = 200 * MiB
     socket_char_per_s: float = 256 * 1024
     rss_change_bytes: float = 256 * MiB
@@ -67,6 +73,10 @@ class Thresholds:
     hang_io_s: float = 30.0  # uninterruptible sleep with no I/O
     startup_max_s: float = 600.0  # a process is "starting" at most this long
     startup_cpu_s: float = 20.0  # CPU work without a GPU counts as setup (imports) this long
+    # work on the CPU or moving bytes, once its CUDA context exists, that lasts this long ends its
+    # setup (a blip finishing CUDA's own init does not)
+    startup_work_s: float = 2.0
+    startup_imports_s: float = 8.0  # without a CUDA context, reading this young is importing (torch: 3-5 s)
     startup_quiet_s: float = 10.0  # a process asleep this long after its setup is idle, not starting
     startup_quiet_cpu_cores: float = 0.05  # ... "asleep": below this much CPU
     started_gpu_mem_bytes: float = 1.5 * GiB  # more than a CUDA context: the job has set up
@@ -224,6 +234,7 @@ class NodeView:
         self.compile_children: dict[int, int] = {}
         self.log_ranks: dict[int, int] = {}  # pid -> rank from torch's "[rankN]" log prefix
         self.writers: dict[str, int] = {}  # log file -> how many live watched processes write to it
+        self.hw = HardwareLog()  # XIDs and which GPU each process used, kept longer than the readings
 
     def feed(self, snap: Snapshot) -> None:
         t = snap.t
@@ -231,6 +242,7 @@ class NodeView:
         self.new_stacks = []
         if snap.gpus:
             self.gpu_of = {}
+            self.hw.feed(snap)
         for g in snap.gpus:
             dq = self.gpus.get(g.index)
             if dq is None:
@@ -505,10 +517,19 @@ class ProcSignals:
     log_grew_at: float | None = None  # newest growth of a log that this process wrote itself
     log_grew_shared_at: float | None = None  # newest growth of a log it shares, written by others
     log_kinds: set[str] = field(default_factory=set)
+    log_phase: tuple[str, float] | None = None  # the newest phase its own log named, and when
     compile_children: int = 0
     io_long_per_s: float | None = None  # read + write bytes per second over io_window_s
     io_active_s: int = 0  # distinct seconds of io_window_s in which it read or wrote
     io_last_at: float | None = None  # end of the newest interval in which it read or wrote
+    # bytes moved over io_window_s by direction, whichever counter moved most (read_bytes/rchar,
+    # write_bytes/wchar): page-cache reads raise rchar only, a disk read raises both
+    in_long_per_s: float | None = None
+    out_long_per_s: float | None = None
+    in_active_s: int = 0  # distinct seconds of io_window_s in which it read
+    out_active_s: int = 0
+    in_counter: str = ""  # the counter that moved most ("rchar", "read_bytes")
+    out_counter: str = ""
     wakes_per_s: float | None = None  # main-thread voluntary context switches per second over wake_window_s
     threads_lost_at: float | None = None  # when its thread count last fell
     threads_before: int | None = None
@@ -636,6 +657,9 @@ def proc_signals(view: NodeView, pid: int, t: float, th: Thresholds) -> ProcSign
                 if sig.log_grew_at is None or fs.grew_at > sig.log_grew_at:
                     sig.log_grew_at = fs.grew_at
                 sig.log_kinds |= {k for k, at in fs.kinds_at.items() if t - at <= th.log_recent_s}
+                for k, at in fs.kinds_at.items():
+                    if sig.log_phase is None or at > sig.log_phase[1]:
+                        sig.log_phase = (k, at)
             elif sig.log_grew_shared_at is None or fs.grew_at > sig.log_grew_shared_at:
                 sig.log_grew_shared_at = fs.grew_at
     sig.compile_children = view.compile_children.get(pid, 0)
@@ -688,12 +712,38 @@ def _wrote_in(h: ProcHistory, at: float, within: float) -> bool | None:
     return None if newest is None else False
 
 
+def _directions(sig: ProcSignals, win: list[tuple[float, ProcSample]], th: Thresholds) -> None:
+    """Bytes in and out over the window, each direction by the counter that moved most."""
+    first, last = win[0][1].io, win[-1][1].io
+    if not first or not last:
+        return
+    span = max(win[-1][0] - win[0][0], 1e-3)
+    for direction, keys in (("in", ("read_bytes", "rchar")), ("out", ("write_bytes", "wchar"))):
+        moved = {k: max(0, last[k] - first[k]) for k in keys if k in first and k in last}
+        if not moved:
+            continue
+        key = max(moved, key=lambda k: moved[k])
+        secs = set()
+        newest = None
+        for (_, a), (t1, b) in zip(win, win[1:], strict=False):
+            if a.io and b.io and key in a.io and key in b.io and b.io[key] - a.io[key] >= th.io_bytes_per_s / 4:
+                secs.add(int(t1))
+                newest = t1
+        # bytes that stopped moving a window ago say nothing of now
+        if newest is None or win[-1][0] - newest > th.window_s:
+            secs = set()
+        setattr(sig, f"{direction}_long_per_s", moved[key] / span)
+        setattr(sig, f"{direction}_active_s", len(secs))
+        setattr(sig, f"{direction}_counter", key)
+
+
 def _long_signals(sig: ProcSignals, h: ProcHistory, th: Thresholds, t: float,
                   wide: list[tuple[float, ProcSample]]) -> None:
     """Signals over windows longer than the classifier's: sustained I/O, main-thread wake-ups,
     threads that went away. ``wide``: the process's window at least as wide as both."""
     win = _tail(wide, t, th.io_window_s)
     if len(win) >= 2:
+        _directions(sig, win, th)
         total = 0
         secs: set[int] = set()
         for (_, a), (t1, b) in zip(win, win[1:], strict=False):

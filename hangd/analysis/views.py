@@ -23,6 +23,7 @@ class ProcTrack:
     pending_since: float = 0.0
     started: bool = False
     quiet_since: float | None = None  # asleep (for starting -> idle) since
+    working_since: float | None = None  # on CPU, reading or writing (for starting -> working) since
     verdict: stackcat.Verdict = stackcat.UNKNOWN
     verdict_t: float | None = None
     verdict_wchan: str | None = None  # where the kernel had it blocked when the stack was taken
@@ -30,6 +31,7 @@ class ProcTrack:
     stack_sig_t: float | None = None
     threads_seen: dict[str, float] = field(default_factory=dict)  # thread name/tid -> last capture with it
     reading: Reading = Reading(Local.QUIET, "")
+    rule: str = ""  # the decision-table row that decided its state at the last tick
     job: str | None = None
     rank: int | None = None
 

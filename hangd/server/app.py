@@ -17,9 +17,10 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from hangd import __version__
 from hangd.redact import redact_obj
+from hangd.server import links
 from hangd.server.deps import AuthDep, is_authenticated
 from hangd.server.metrics import HangdCollector
-from hangd.server.routes import health, incidents, node
+from hangd.server.routes import health, incidents, node, runbook
 from hangd.server.runtime import Daemon
 
 MAX_BODY = 64 * 1024
@@ -56,16 +57,19 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     yield
 
 
-def create_app(daemon: Daemon, token: str | None, loopback: bool) -> FastAPI:
+def create_app(daemon: Daemon, token: str | None, loopback: bool, read_token: str | None = None,
+               external_base: str = "http://127.0.0.1:9877") -> FastAPI:
     # the docs pages are added below: behind the token like every other route, assets served locally
     app = FastAPI(title="hangd", version=__version__, default_response_class=PrettyJSON,
                   docs_url=None, redoc_url=None, openapi_url=None, lifespan=_lifespan,
                   description="What every GPU process is doing, whether a distributed job is hung, why, and who is to blame.")
     app.state.daemon = daemon
     app.state.token = token
+    app.state.read_token = read_token
+    app.state.link_key = links.link_key(token, read_token)
     app.state.loopback = loopback
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(HangdCollector(daemon))
+    registry.register(HangdCollector(daemon, external_base, app.state.link_key))
     # hangd's own CPU and memory, like every Prometheus exporter (process_cpu_seconds_total, ...)
     ProcessCollector(registry=registry)
 
@@ -110,9 +114,11 @@ def create_app(daemon: Daemon, token: str | None, loopback: bool) -> FastAPI:
 
     @app.get("/", include_in_schema=False)
     def root() -> dict[str, Any]:
-        return {"hangd": __version__, "see": ["/incidents", "/jobs", "/processes", "/gpus", "/timeline", "/metrics", "/docs"]}
+        return {"hangd": __version__, "see": ["/incidents", "/jobs", "/processes", "/gpus", "/timeline", "/metrics", "/docs",
+                                              links.RUNBOOK_PATH]}
 
     app.include_router(health.router)
     app.include_router(incidents.router)
     app.include_router(node.router)
+    app.include_router(runbook.router)
     return app

@@ -70,13 +70,19 @@ def _serve(args: argparse.Namespace) -> int:
 
     s = load_settings(flags={"listen": args.listen, "db": args.db, "interval": args.interval, "replay": args.replay,
                              "speed": args.speed, "log_json": args.log_json or None, "token_file": args.token_file,
-                             "node_name": args.node_name},
+                             "node_name": args.node_name, "read_token_file": args.read_token_file,
+                             "external_url": args.external_url, "tls_certfile": args.tls_cert, "tls_keyfile": args.tls_key},
                       config_path=getattr(args, "config", None))
     host, port = s.host_port()
     token = s.resolved_token()
+    read_token = s.resolved_read_token()
+    s.tls()
     loopback = s.is_loopback()
-    if not loopback and not token:
-        raise ConfigError(f"listen {s.listen}: off loopback hangd needs a token (HANGD_TOKEN or --token-file)")
+    if not loopback and not (token or read_token):
+        raise ConfigError(f"listen {s.listen}: off loopback hangd needs a token (HANGD_TOKEN or --token-file; "
+                          "HANGD_READ_TOKEN or --read-token-file for one that only reads)")
+    if token and read_token and token == read_token:
+        raise ConfigError("the read token is the write token: make them different, or the read token writes too")
     tmpdir: str | None = None
     if s.replay:
         from hangd.trace import TraceError, TraceReader
@@ -97,7 +103,7 @@ def _serve(args: argparse.Namespace) -> int:
                                  "(systemctl status hangd), or pick another port with --listen") from e
             raise ServeError(f"listen {host}:{port}: {e.strerror or e}") from e
         try:
-            return _run(s, sock, token, loopback, temp_db=tmpdir is not None)
+            return _run(s, sock, (token, read_token), loopback, temp_db=tmpdir is not None)
         finally:
             sock.close()
     finally:
@@ -105,10 +111,10 @@ def _serve(args: argparse.Namespace) -> int:
             shutil.rmtree(tmpdir, ignore_errors=True)
 
 
-def _run(s: Settings, sock: socket.socket, token: str | None, loopback: bool, temp_db: bool) -> int:
+def _run(s: Settings, sock: socket.socket, tokens: tuple[str | None, str | None], loopback: bool, temp_db: bool) -> int:
     import uvicorn
 
-    from hangd.server import http
+    from hangd.server import http, links
     from hangd.server.app import create_app
     from hangd.server.runtime import Daemon
     from hangd.store.db import Store, StoreInUse
@@ -120,13 +126,18 @@ def _run(s: Settings, sock: socket.socket, token: str | None, loopback: bool, te
                       node_stale_s=s.node_stale_s)
     except StoreInUse as e:
         raise ServeError(str(e)) from e
+    except CannotRun:  # the database driver is not installed, the schema is newer than this hangd runs on
+        raise
     except Exception as e:  # noqa: BLE001 - one line for the operator, not a traceback
         raise db_error(s.db, e) from e
     try:
         daemon = Daemon(s, store=store)
-        app = create_app(daemon, token=token, loopback=loopback)
+        host, port = sock.getsockname()[:2]
+        tls = s.tls()
+        base = links.external_base(s.external_url, store.hostname, host, port, tls is not None)
+        app = create_app(daemon, token=tokens[0], loopback=loopback, read_token=tokens[1], external_base=base)
         max_conn = http.raise_fd_limit()
-        server = uvicorn.Server(http.server_config(app, max_conn))
+        server = uvicorn.Server(http.server_config(app, max_conn, tls))
 
         def stop(*_: Any) -> None:
             server.should_exit = True
@@ -134,9 +145,8 @@ def _run(s: Settings, sock: socket.socket, token: str | None, loopback: bool, te
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
         daemon.start()
-        host, port = sock.getsockname()[:2]
         # the socket is bound and listening: connections queue from now on
-        log.info("hangd serving on http://%s:%d (%s, db %s%s)", host, port,
+        log.info("hangd serving on %s://%s:%d, links as %s (%s, db %s%s)", "https" if tls else "http", host, port, base,
                  f"replay {s.replay}" if s.replay else "live", _shown_db(s.db),
                  ", temporary: pass --db to keep the replay's results" if temp_db else "")
         try:
@@ -166,6 +176,8 @@ def cmd_db(args: argparse.Namespace) -> int:
             upgrade(s.db, args.revision)
         else:
             downgrade(s.db, args.revision)
+    except CannotRun:  # the database driver is not installed, the schema is newer than this hangd runs on
+        raise
     except Exception as e:  # noqa: BLE001 - one line for the operator, not a traceback
         raise db_error(s.db, e) from e
     where = _shown_db(s.db)  # never print a password of the URL
@@ -190,8 +202,15 @@ def add_commands(sub: Any, help_: Callable[[str, str], dict[str, Any]]) -> None:
     sv.add_argument("--replay", metavar="DIR", help="run on a recorded trace instead of the live node, e.g. --replay /tmp/trace")
     sv.add_argument("--speed", type=seconds_arg(0, 1e6, lo_open=False), metavar="N",
                     help="with --replay: N times real time (default 1; 0: as fast as possible), e.g. --speed 10")
-    sv.add_argument("--token-file", metavar="FILE", help="file holding the API token (or set HANGD_TOKEN), "
-                    "e.g. --token-file /etc/hangd/token")
+    sv.add_argument("--token-file", metavar="FILE", help="file holding the write token: acks, captures, and reads "
+                    "(or set HANGD_TOKEN), e.g. --token-file /etc/hangd/token")
+    sv.add_argument("--read-token-file", metavar="FILE", help="file holding a token that only reads: /metrics and GET "
+                    "(or set HANGD_READ_TOKEN), e.g. --read-token-file /etc/hangd/read-token")
+    sv.add_argument("--external-url", metavar="URL", help="where browsers reach this hangd, for the links in alerts; "
+                    "{node} is the node's name (or set HANGD_EXTERNAL_URL), e.g. --external-url https://{node}.gpu.example:9877")
+    sv.add_argument("--tls-cert", metavar="FILE", help="serve HTTPS with this certificate (PEM; with --tls-key), "
+                    "e.g. --tls-cert /etc/hangd/tls/tls.crt")
+    sv.add_argument("--tls-key", metavar="FILE", help="the certificate's private key (PEM), e.g. --tls-key /etc/hangd/tls/tls.key")
     sv.add_argument("--log-json", action="store_true", help="structured JSON logs on stderr, one object a line, "
                     "e.g. hangd serve --log-json 2>&1 | jq -r .msg")
     sv.add_argument("--node-name", metavar="NAME", help="this node's name in a database several nodes share "

@@ -107,11 +107,13 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def server_config(app: Any, max_connections: int) -> Any:
+def server_config(app: Any, max_connections: int, tls: tuple[str, str] | None = None) -> Any:
+    """uvicorn's settings; with ``tls`` (certificate file, key file) it serves HTTPS."""
     import uvicorn
 
     GuardedH11Protocol.max_connections = max_connections
-    return uvicorn.Config(app, http=GuardedH11Protocol, log_level="warning", access_log=False, lifespan="on",
+    cert, key = tls if tls else (None, None)
+    return uvicorn.Config(app, http=GuardedH11Protocol, ssl_certfile=cert, ssl_keyfile=key, log_level="warning", access_log=False, lifespan="on",
                           # no limit_concurrency: past it uvicorn answers 503 to everything, health included
                           limit_concurrency=None, timeout_keep_alive=KEEP_ALIVE_S,
                           timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, backlog=BACKLOG,

@@ -19,20 +19,26 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from prometheus_client import Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from hangd import __version__
+from hangd.analysis import hardware, owner
 from hangd.analysis.model import STATES
 from hangd.incidents import KINDS
+from hangd.server.links import RUNBOOK_PATH, incident_url
 
 if TYPE_CHECKING:
+    from hangd.incidents import Incident
     from hangd.server.runtime import Daemon
 
 log = logging.getLogger("hangd.metrics")
 JOB_STATES = STATES
 # series one process contributes: a state series per state, last progress, GPU memory
 SERIES_PER_PROCESS = len(STATES) + 2
+# time to detect: the thresholds are 10-30 s of no progress, a late verdict takes minutes
+DETECTION_BUCKETS = (5.0, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 300.0, 600.0)
 
 
 class SeriesBound:
@@ -72,9 +78,15 @@ class SeriesBound:
 
 
 class HangdCollector(Collector):
-    def __init__(self, daemon: Daemon) -> None:
+    def __init__(self, daemon: Daemon, base: str = "http://127.0.0.1:9877", link_key: bytes | None = None) -> None:
         self.d = daemon
         self.bound = SeriesBound(daemon.settings.metrics_gone_after_s, daemon.settings.metrics_max_processes)
+        self.base = base  # where browsers reach this hangd: the links in alerts
+        self.link_key = link_key
+        self.detection = Histogram("hangd_incident_detection_seconds", "Seconds from a job's last progress to its "
+                                   "incident opening (time to detect), once per incident, by the kind it opened as.",
+                                   labelnames=["kind"], registry=None, buckets=DETECTION_BUCKETS)
+        self._detected: set[int] = set()
 
     def collect(self) -> Iterator[Metric]:
         failed: list[str] = []
@@ -96,9 +108,7 @@ class HangdCollector(Collector):
         yield g
 
     def _processes(self) -> Iterator[Metric]:
-        with self.d.lock:
-            procs = self.d.analyzer.processes()
-        procs = self.bound.select(procs, self.d.last_snapshot_t or time.time())
+        procs = self.bound.select([p.to_dict() for p in self.d.front.processes()], self.d.last_snapshot_t or time.time())
         st = GaugeMetricFamily("hangd_process_state", "1 for the state each GPU process / rank is in, 0 for the others.",
                                labels=["hangd_job", "rank", "gpu", "pid", "state"])
         for p in procs:
@@ -126,25 +136,30 @@ class HangdCollector(Collector):
         yield dropped
 
     def _jobs(self) -> Iterator[Metric]:
-        with self.d.lock:
-            jobs = self.d.analyzer.jobs()
+        jobs = self.d.front.jobs()
         js = GaugeMetricFamily("hangd_job_state", "1 for the state each distributed job is in, 0 for the others.",
-                               labels=["hangd_job", "state"])
+                               labels=["hangd_job", "state", *owner.LABELS])
         for j in jobs:
+            who = owner.labels(j.who)
             for s in JOB_STATES:
-                js.add_metric([j["job"], s], 1.0 if j["state"] == s else 0.0)
+                js.add_metric([j.job, s, *who], 1.0 if j.state == s else 0.0)
         yield js
-        ranks = GaugeMetricFamily("hangd_job_ranks", "Ranks of each job seen on this node.", labels=["hangd_job"])
+        ranks = GaugeMetricFamily("hangd_job_ranks", "Ranks of each job seen on this node.", labels=["hangd_job", *owner.LABELS])
         for j in jobs:
-            ranks.add_metric([j["job"]], float(len(j["ranks"])))
+            ranks.add_metric([j.job, *owner.labels(j.who)], float(len(j.ranks)))
         yield ranks
+        info = GaugeMetricFamily("hangd_job_owner_info", "Whom to page about each job: its owner, Slurm job and "
+                                 "Kubernetes pod (a label is empty where unknown); 1.", labels=["hangd_job", *owner.INFO_LABELS])
+        for j in jobs:
+            if j.who:
+                info.add_metric([j.job, *owner.labels(j.who, owner.INFO_LABELS)], 1.0)
+        yield info
         yield from self._fleet()
 
     def _fleet(self) -> Iterator[Metric]:
         """Jobs that span nodes, in a fleet sharing a database: each node of the job as this node
         knows it. Absent on a lone node (no series to keep for nothing)."""
-        with self.d.lock:
-            nodes = self.d.analyzer.job_nodes()
+        nodes = self.d.front.job_nodes()
         if not nodes:
             return
         last = GaugeMetricFamily("hangd_job_node_last_report_timestamp_seconds",
@@ -160,9 +175,9 @@ class HangdCollector(Collector):
         yield count
 
     def _incidents(self) -> Iterator[Metric]:
-        with self.d.lock:
-            open_ = self.d.analyzer.incidents(open_only=True)
-            opened = self.d.analyzer.opened_counts()
+        open_ = self.d.front.incidents(open_only=True)
+        known = self.d.front.incidents()
+        opened = self.d.front.opened_counts()
         op = GaugeMetricFamily("hangd_incidents_open", "Incidents open now, by kind.", labels=["kind"])
         tot = CounterMetricFamily("hangd_incidents", "Incidents opened since hangd started, by kind.", labels=["kind"])
         for k in KINDS:
@@ -170,23 +185,47 @@ class HangdCollector(Collector):
             tot.add_metric([k], float(opened.get(k, 0)))
         yield op
         yield tot
-        info = GaugeMetricFamily("hangd_incident_opened_timestamp_seconds",
-                                 "When each open incident was opened (Unix seconds); its id links to /incidents/{id}.",
-                                 labels=["id", "kind", "severity", "hangd_job", "culprit_ranks"])
-        det = GaugeMetricFamily("hangd_incident_detection_seconds",
-                                "Seconds from the last progress of the job to the incident opening (time to detect).",
-                                labels=["id", "kind", "hangd_job"])
+        yield from self._incident_series(open_)
+        self._observe_detection([*known, *open_])
+        yield from self.detection.collect()
+        rb = GaugeMetricFamily("hangd_runbook_info", "Where this hangd serves the operator guide, the runbook of "
+                               "every alert (its runbook_url).", labels=["url"])
+        rb.add_metric([self.base + RUNBOOK_PATH], 1.0)
+        yield rb
+
+    def _incident_series(self, open_: list[Incident]) -> Iterator[Metric]:
+        """Each open incident's identity (incident id, job, node: what an alert is keyed on) apart
+        from what may change while it is open (kind, culprit, severity, in the info series): a
+        culprit found later or a kind refined changes no alert's identity."""
+        node = self.d.node_name
+        ident = ["incident", "hangd_job", "node"]
+        # who to page (user, Slurm job, pod) is the job's for its whole life: a label to route on
+        opened = GaugeMetricFamily("hangd_incident_opened_timestamp_seconds",
+                                   "When each open incident was opened (Unix seconds); one series per incident.",
+                                   labels=[*ident, *owner.LABELS])
+        info = GaugeMetricFamily("hangd_incident_info", "What each open incident is now (1): kind, severity, culprit, "
+                                 "and the link that opens its page (url, signed: no token needed).",
+                                 labels=[*ident, "kind", "severity", "culprit_ranks", "culprit_pids", "url"])
         for i in open_:
-            labels = [str(i.id), i.kind, i.severity, i.job, ",".join(map(str, i.culprit_ranks))]
-            info.add_metric(labels, float(i.opened_at))
-            if i.hang_started_at is not None:
-                det.add_metric([str(i.id), i.kind, i.job], max(0.0, float(i.opened_at - i.hang_started_at)))
+            key = [str(i.id), i.job, node]
+            opened.add_metric([*key, *owner.labels(i.who)], float(i.opened_at))
+            info.add_metric([*key, i.kind, i.severity, ",".join(map(str, i.culprit_ranks)),
+                             ",".join(map(str, i.culprit_pids)), incident_url(self.base, i.id, self.link_key)], 1.0)
+        yield opened
         yield info
-        yield det
+
+    def _observe_detection(self, incidents: list[Incident]) -> None:
+        """Time to detect, once per incident: from the job's last progress to the incident opening."""
+        now_known = set()
+        for i in incidents:
+            now_known.add(i.id)
+            if i.id not in self._detected and i.hang_started_at is not None:
+                self.detection.labels(i.kind).observe(max(0.0, float(i.opened_at - i.hang_started_at)))
+                self._detected.add(i.id)
+        self._detected &= now_known  # bounded: the analysis forgets old incidents, so does this
 
     def _gpus(self) -> Iterator[Metric]:
-        with self.d.lock:
-            latest = self.d.analyzer.latest_gpus()
+        latest = self.d.front.latest_gpus()
         fams = {
             "util": GaugeMetricFamily("hangd_gpu_utilization_ratio", "NVML GPU utilization: a kernel was resident (0-1).", labels=["gpu", "uuid"]),
             "sm": GaugeMetricFamily("hangd_gpu_sm_active_ratio", "GPM SM activity (0-1): real work, unlike utilization.", labels=["gpu", "uuid"]),
@@ -216,6 +255,38 @@ class HangdCollector(Collector):
             if (watts := g.power_w) is not None:
                 fams["power"].add_metric(lab, watts)
         yield from fams.values()
+        yield from self._gpu_health(latest)
+
+    def _gpu_health(self, latest: dict[int, Any]) -> Iterator[Metric]:
+        """XIDs, clock-event (throttle) reasons, ECC, row remapping, NVLink errors: only what NVML said."""
+        xids = self.d.front.xid_totals()
+        xid = CounterMetricFamily("hangd_gpu_xid_events", "XID errors each GPU reported since hangd started, by XID "
+                                  "code (hangd/analysis/hardware.toml says what each means).", labels=["gpu", "uuid", "xid"])
+        for (idx, uuid, code), n in sorted(xids.items()):
+            xid.add_metric([str(idx), uuid, str(code)], float(n))
+        yield xid
+        ce = GaugeMetricFamily("hangd_gpu_clock_event_active", "1 for each clock-event (throttle) reason NVML reports "
+                               "for the GPU now, 0 for the others.", labels=["gpu", "uuid", "reason"])
+        ecc = CounterMetricFamily("hangd_gpu_ecc_errors", "Volatile ECC errors the GPU counted since its driver loaded.",
+                                  labels=["gpu", "uuid", "type"])
+        remap = GaugeMetricFamily("hangd_gpu_row_remap", "1 where a row remapping is pending (a GPU reset applies "
+                                  "it) or failed (bad memory), else 0.", labels=["gpu", "uuid", "status"])
+        nvl = CounterMetricFamily("hangd_gpu_nvlink_errors", "NVLink errors counted over the GPU's links, by counter.",
+                                  labels=["gpu", "uuid", "counter"])
+        for idx, g in sorted(latest.items()):
+            lab = [str(idx), g.uuid or ""]
+            if g.clock_events is not None:
+                for r in hardware.clock_event_names():
+                    ce.add_metric([*lab, r], 1.0 if r in g.clock_events else 0.0)
+            for kind, v in (("uncorrected", g.ecc_uncorrected), ("corrected", g.ecc_corrected)):
+                if v is not None:
+                    ecc.add_metric([*lab, kind], float(v))
+            for status, v in (("pending", g.remap_pending), ("failed", g.remap_failure)):
+                if v is not None:
+                    remap.add_metric([*lab, status], 1.0 if v else 0.0)
+            for counter, n in sorted((g.nvlink_errors or {}).items()):
+                nvl.add_metric([*lab, counter], float(n))
+        yield from (ce, ecc, remap, nvl)
 
     def _self(self) -> Iterator[Metric]:
         succ = GaugeMetricFamily("hangd_collector_success", "Whether each source read on the last tick (1) or not (0).",
@@ -230,7 +301,8 @@ class HangdCollector(Collector):
             succ.add_metric([name], 1.0 if st.success else 0.0)
             dur.add_metric([name], float(st.duration_s))
             off.add_metric([name], 1.0 if st.disabled else 0.0)
-        store_ok = 1.0 if self.d.store.healthy else 0.0
+        store = self.d.store_health()
+        store_ok = 1.0 if store.healthy else 0.0
         succ.add_metric(["store"], store_ok)
         off.add_metric(["store"], 0.0)
         yield succ
@@ -239,9 +311,8 @@ class HangdCollector(Collector):
         yield from self.d.tick_histogram.collect()
         yield CounterMetricFamily("hangd_ticks", "Ticks run since start.", value=float(self.d.ticks))
         yield CounterMetricFamily("hangd_tick_failures", "Ticks that failed since start.", value=float(self.d.tick_failures))
-        with self.d.lock:
-            forgotten = self.d.analyzer.forgotten()
-            unreadable = self.d.analyzer.unreadable
+        forgotten = self.d.front.forgotten()
+        unreadable = self.d.front.unreadable()
         yield CounterMetricFamily("hangd_evidence_unreadable", "Evidence files (flight-recorder dumps) refused or "
                                   "undecodable; each is reported as a finding and the analysis goes on.",
                                   value=float(unreadable))
@@ -252,12 +323,12 @@ class HangdCollector(Collector):
             fc.add_metric([what], float(n))
         yield fc
         yield GaugeMetricFamily("hangd_store_pending_batches", "Writes queued because the store could not take them.",
-                                value=float(len(self.d.store.pending)))
+                                value=float(store.pending))
         yield CounterMetricFamily("hangd_store_write_failures", "Store writes that failed (and will be retried).",
-                                  value=float(self.d.store.write_failures_total))
+                                  value=float(store.write_failures))
         yield CounterMetricFamily("hangd_store_process_lists_superseded", "Lists of the processes queued for the "
                                   "store that a newer list replaced before they were written (the store was slower "
-                                  "than the ticks; the newest list is written).", value=float(self.d.store.superseded))
+                                  "than the ticks; the newest list is written).", value=float(store.superseded))
         last = self.d.last_tick_at
         yield GaugeMetricFamily("hangd_last_tick_timestamp_seconds", "When the last tick finished (Unix seconds).",
                                 value=float(last) if last else 0.0)

@@ -9,6 +9,39 @@ from pydantic import BaseModel, Field, computed_field
 from hangd.humanize import iso_field
 
 
+class SlurmJob(BaseModel):
+    job_id: str
+    user: str | None = None
+    name: str | None = None
+    account: str | None = None
+    partition: str | None = None
+    array_job_id: str | None = None
+    array_task_id: str | None = None
+    step_id: str | None = None
+
+
+class Pod(BaseModel):
+    uid: str = Field(description="from the cgroup path the kubelet gave the container")
+    name: str | None = None
+    namespace: str | None = None
+    container: str | None = None
+    container_id: str | None = None
+    qos: str | None = Field(default=None, description="guaranteed | burstable | besteffort")
+    name_from: str | None = Field(default=None, description="where the name was found")
+    unresolved: str | None = Field(default=None, description="why the name is unknown")
+
+
+class Who(BaseModel):
+    """Whom to page about a job: its processes' owner, its Slurm job, its Kubernetes pod (each
+    absent where unknown)."""
+
+    user: str | None = Field(default=None, description="the owner (real uid) of its ranks, by name, or 'uid N'")
+    uid: int | None = None
+    slurm: SlurmJob | None = None
+    pod: Pod | None = None
+    text: str | None = Field(default=None, description="the same in words")
+
+
 class IncidentSummary(BaseModel):
     id: int
     kind: str = Field(description="nccl_stall | host_stall | io_stall | orphaned_gpu_memory | collective_mismatch | straggler | rank_exited")
@@ -26,6 +59,7 @@ class IncidentSummary(BaseModel):
     ranks: list[int] = []
     culprit_pids: list[int] = []
     culprit_ranks: list[int] = []
+    who: Who | None = Field(default=None, description="the job's owner, Slurm job and pod")
 
     # the same instants for a person reading the JSON: local time with its offset
     @computed_field(description="opened_at as ISO-8601 (local time with offset)")  # type: ignore[prop-decorator]
@@ -157,6 +191,7 @@ class JobOut(BaseModel):
     launcher: int | None = None
     last_progress: float | None = None
     open_incidents: list[int] = []
+    who: Who | None = Field(default=None, description="its owner, Slurm job and pod, as this node knows them")
     spans_nodes: str | None = Field(default=None, description="why the job has ranks on other nodes (absent: one node)")
     nodes: list[JobNode] | None = Field(default=None, description="a job that spans nodes, with a shared database: "
                                         "every node that reports it")
@@ -189,6 +224,16 @@ class GpuOut(BaseModel):
     sm_clock: int | None = None
     gpm: dict[str, float] | None = None
     processes: list[dict[str, Any]] = []
+    # hardware health: null where NVML could not say (never 0)
+    clock_events: list[str] | None = Field(default=None, description="clock-event (throttle) reasons now: sw_power_cap, "
+                                           "hw_slowdown, hw_thermal_slowdown, ... (hangd/analysis/hardware.toml)")
+    ecc_uncorrected: int | None = Field(default=None, description="volatile uncorrected ECC errors")
+    ecc_corrected: int | None = Field(default=None, description="volatile corrected ECC errors")
+    remap_pending: bool | None = Field(default=None, description="a row remapping waits for a GPU reset")
+    remap_failure: bool | None = Field(default=None, description="a row remapping failed")
+    nvlink_errors: dict[str, int] | None = Field(default=None, description="NVLink error counters over its links")
+    xids: list[dict[str, Any]] = Field(default=[], description="XIDs it reported in the last 15 minutes: "
+                                       "{xid, meaning, severity, t}")
 
 
 class TimelineEntry(BaseModel):

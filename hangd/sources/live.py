@@ -23,10 +23,13 @@ log = logging.getLogger("hangd.live")
 class LiveNode:
     """Samples the node: NVML first (it names the GPU processes), then /proc, logs and dumps."""
 
+    live = True  # a feed of hangd.daemon.Loop: sampling is part of a tick's cost
+
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.nvml = NvmlSource() if settings.nvml else None
-        self.proc = ProcSource(proc_root=settings.proc_root, job_env=tuple(settings.job_env))
+        self.proc = ProcSource(proc_root=settings.proc_root, job_env=tuple(settings.job_env),
+                               cgroup_path=settings.cgroup_path, pod_log_dir=settings.pod_log_dir)
         self.output = OutputSource(proc_root=settings.proc_root)
         self.flight = FlightSource(proc_root=settings.proc_root)
         self.stacks = StackSource(timeout_s=settings.pyspy_timeout) if settings.stacks else None

@@ -7,13 +7,24 @@ Costs measured on H200 (per call, per GPU): utilization/memory/power/clocks < 0.
 processes 0.44 ms, process utilization 1.5 ms, GPM sample + 10 metrics 0.3 ms, total energy
 2.8 ms (p99 13.8 ms, so read every ``energy_every`` ticks). ``nvmlDeviceGetPcieThroughput`` waits a
 20 ms window per call and is never used here: GPM gives PCIe rates.
+
+Hardware health: XID errors arrive as NVML events (read without waiting, every tick) and go on the
+reading of the GPU that raised them, stamped with the time hangd read them (NVML's event data has no
+time). Clock-event (throttle) reasons are read every tick and decoded here, with pynvml's
+constants. ECC error counts, remapped rows and NVLink error counters change rarely and are read
+every ``health_every`` ticks, the last value carried between reads; a call that fails is logged
+once and its value is unknown (None), never 0. Measured on H200 (driver 580): ECC counts, remapped
+rows and clock-event reasons < 0.003 ms a call, a wait-0 event read 0.02 ms; on a GPU without
+NVLink every link answers NOT_SUPPORTED (0.34 ms for all 36, once) and NVLink is not read again.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from hangd.snapshot import GpuProc, GpuSample, Snapshot
@@ -44,6 +55,50 @@ _GPM_METRICS = {
     "NVLINK_TOTAL_RX_PER_SEC": 60,
     "NVLINK_TOTAL_TX_PER_SEC": 61,
 }
+
+# pynvml's clock-event reason bits -> the names hangd/analysis/hardware.toml gives them (pynvml before
+# 12 calls them nvmlClocksThrottleReason*)
+_CLOCK_EVENTS = {
+    "GpuIdle": "gpu_idle",
+    "ApplicationsClocksSetting": "applications_clocks_setting",
+    "SwPowerCap": "sw_power_cap",
+    "HwSlowdown": "hw_slowdown",
+    "SyncBoost": "sync_boost",
+    "SwThermalSlowdown": "sw_thermal_slowdown",
+    "HwThermalSlowdown": "hw_thermal_slowdown",
+    "HwPowerBrakeSlowdown": "hw_power_brake_slowdown",
+    "DisplayClockSetting": "display_clock_setting",
+}
+# NVLink error counters summed over a GPU's active links
+_NVLINK_COUNTERS = {
+    "replay": "NVML_NVLINK_ERROR_DL_REPLAY",
+    "recovery": "NVML_NVLINK_ERROR_DL_RECOVERY",
+    "crc_flit": "NVML_NVLINK_ERROR_DL_CRC_FLIT",
+    "crc_data": "NVML_NVLINK_ERROR_DL_CRC_DATA",
+}
+
+
+def clock_events(reasons: int | None) -> list[str] | None:
+    """NVML's clock-event reasons bitmask as names; None when it could not be read."""
+    if reasons is None:
+        return None
+    out = []
+    for bit, name in _CLOCK_EVENTS.items():
+        mask = getattr(pynvml, "nvmlClocksEventReason" + bit, None)
+        if mask is None:
+            mask = getattr(pynvml, "nvmlClocksThrottleReason" + bit, 0)
+        if mask and reasons & mask:
+            out.append(name)
+    return out
+
+
+def _handle_key(handle: Any) -> Any:
+    """A device handle's identity: NVML hands out a new pointer object per call, to the same device."""
+    try:
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    except (TypeError, ctypes.ArgumentError):
+        return id(handle)
+
 
 # NVML's init errors in an operator's words (pynvml's own say "NVML Shared Library Not Found")
 _INIT_WHY = {
@@ -102,6 +157,10 @@ class _Gpu:
         self.gpm_ok = False
         self.last_proc_ts = 0
         self.energy_mj: int | None = None
+        self.failed: set[str] = set()  # calls whose failure was logged (once each)
+        # the low-rate readings, carried between reads (None: unknown)
+        self.health: dict[str, Any] = {}
+        self.nvlinks: list[int] | None = None  # its active links, found on the first read
         try:
             self.gpm_ok = bool(pynvml.nvmlGpmQueryDeviceSupport(self.handle).isSupportedDevice)
         except Exception:
@@ -113,13 +172,18 @@ class NvmlSource:
 
     name = "nvml"
 
-    def __init__(self, energy_every: int = 10, proc_util: bool = True) -> None:
+    def __init__(self, energy_every: int = 10, proc_util: bool = True, health_every: int = 20,
+                 clock: Callable[[], float] = time.time) -> None:
         self.energy_every = max(1, energy_every)
+        self.health_every = max(1, health_every)
+        self.clock = clock
         self.proc_util = proc_util
         self._gpus: list[_Gpu] | None = None
         self._tick = 0
         self._events: Any = None
         self._events_ok = True
+        self._by_handle: dict[Any, _Gpu] = {}
+        self._unmatched_logged = False
         self.driver: str | None = None
 
     def gpus(self) -> list[_Gpu]:
@@ -149,6 +213,9 @@ class NvmlSource:
                 log.info("GPU %d: %s not available (%s); not asking again", gpu.index, name, e)
             elif code == pynvml.NVML_ERROR_GPU_IS_LOST:
                 raise
+            elif code != pynvml.NVML_ERROR_NOT_FOUND and name not in gpu.failed:  # not found: no new sample
+                gpu.failed.add(name)
+                log.info("GPU %d: %s failed (%s); its value is unknown while it fails", gpu.index, name, e)
             return None
 
     def _gpm(self, gpu: _Gpu) -> dict[str, float] | None:
@@ -199,6 +266,11 @@ class NvmlSource:
         s.temp_c = self._call(gpu, "temperature", pynvml.nvmlDeviceGetTemperature, pynvml.NVML_TEMPERATURE_GPU)
         reasons_fn = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
         s.clock_event_reasons = self._call(gpu, "clock_event_reasons", reasons_fn)
+        s.clock_events = clock_events(s.clock_event_reasons)
+        if (self._tick - 1) % self.health_every == 0:
+            self._read_health(gpu)
+        for k, v in gpu.health.items():
+            setattr(s, k, v)
         if self._tick % self.energy_every == 0:
             gpu.energy_mj = self._call(gpu, "energy", pynvml.nvmlDeviceGetTotalEnergyConsumption)
         s.energy_mj = gpu.energy_mj
@@ -212,27 +284,93 @@ class NvmlSource:
         s.gpm = self._gpm(gpu)
         return s
 
-    def _xid_events(self) -> list[dict[str, Any]]:
-        """Critical XID events, without blocking (wait 0 ms)."""
+    def _read_health(self, gpu: _Gpu) -> None:
+        """ECC error counts, remapped rows, NVLink errors: read at a low rate; unknown when they fail."""
+        h = gpu.health
+        h["ecc_uncorrected"] = self._call(gpu, "ecc_uncorrected", pynvml.nvmlDeviceGetTotalEccErrors,
+                                          pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC)
+        h["ecc_corrected"] = self._call(gpu, "ecc_corrected", pynvml.nvmlDeviceGetTotalEccErrors,
+                                        pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_VOLATILE_ECC)
+        rows = self._call(gpu, "remapped_rows", pynvml.nvmlDeviceGetRemappedRows)
+        h["remap_pending"] = bool(rows[2]) if rows is not None else None
+        h["remap_failure"] = bool(rows[3]) if rows is not None else None
+        h["nvlink_errors"] = self._nvlink_errors(gpu)
+
+    def _nvlink_errors(self, gpu: _Gpu) -> dict[str, int] | None:
+        if "nvlink_errors" in gpu.unsupported:
+            return None
+        if gpu.nvlinks is None:
+            gpu.nvlinks = []
+            for link in range(int(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18))):
+                try:
+                    if pynvml.nvmlDeviceGetNvLinkState(gpu.handle, link) == pynvml.NVML_FEATURE_ENABLED:
+                        gpu.nvlinks.append(link)
+                except pynvml.NVMLError as e:
+                    if getattr(e, "value", None) == pynvml.NVML_ERROR_GPU_IS_LOST:
+                        gpu.nvlinks = None
+                        raise
+                    continue  # a link this GPU does not have
+            if not gpu.nvlinks:
+                gpu.unsupported.add("nvlink_errors")
+                log.info("GPU %d: no active NVLink; NVLink errors not read", gpu.index)
+                return None
+        out = {}
+        for name, const in _NVLINK_COUNTERS.items():
+            total = 0
+            for link in gpu.nvlinks:
+                v = self._call(gpu, "nvlink_errors", pynvml.nvmlDeviceGetNvLinkErrorCounter, link, getattr(pynvml, const))
+                if v is None:
+                    return None
+                total += int(v)
+            out[name] = total
+        return out
+
+    def _xid_events(self) -> list[tuple[_Gpu, dict[str, Any]]]:
+        """Critical XID events, without blocking (wait 0 ms), each with the GPU that raised it."""
         if not self._events_ok or self._gpus is None:
             return []
         try:
             if self._events is None:
                 self._events = pynvml.nvmlEventSetCreate()
                 for g in self._gpus:
-                    pynvml.nvmlDeviceRegisterEvents(g.handle, pynvml.nvmlEventTypeXidCriticalError, self._events)
+                    try:
+                        pynvml.nvmlDeviceRegisterEvents(g.handle, pynvml.nvmlEventTypeXidCriticalError, self._events)
+                        self._by_handle[_handle_key(g.handle)] = g
+                    except pynvml.NVMLError as e:
+                        log.info("GPU %d: XID events unavailable (%s)", g.index, e)
+                if not self._by_handle:
+                    self._events_ok = False
+                    return []
             out = []
             for _ in range(16):
                 try:
                     ev = pynvml.nvmlEventSetWait(self._events, 0)
                 except pynvml.NVMLError_Timeout:
                     break
-                out.append({"xid": int(ev.eventData), "t": time.time(), "gpu_uuid": None})
+                if not int(ev.eventType) & pynvml.nvmlEventTypeXidCriticalError:
+                    continue
+                gpu = self._event_gpu(ev.device)
+                if gpu is None:
+                    if not self._unmatched_logged:
+                        self._unmatched_logged = True
+                        log.warning("XID %d from a GPU hangd does not know; left out", int(ev.eventData))
+                    continue
+                out.append((gpu, {"xid": int(ev.eventData), "t": round(self.clock(), 3)}))
             return out
         except pynvml.NVMLError as e:
             self._events_ok = False
             log.info("XID events unavailable (%s)", e)
             return []
+
+    def _event_gpu(self, handle: Any) -> _Gpu | None:
+        gpu = self._by_handle.get(_handle_key(handle))
+        if gpu is None and self._gpus:
+            try:  # a handle that does not compare equal: its uuid does
+                uuid = _s(pynvml.nvmlDeviceGetUUID(handle))
+            except pynvml.NVMLError:
+                return None
+            gpu = next((g for g in self._gpus if g.uuid == uuid), None)
+        return gpu
 
     def collect(self, snap: Snapshot) -> None:
         gpus = self.gpus()
@@ -242,6 +380,10 @@ class NvmlSource:
                 snap.gpus.append(self._sample(gpu))
             except pynvml.NVMLError as e:  # GPU lost mid-run: report it, keep the others
                 snap.unavailable[f"nvml:{gpu.index}"] = f"unavailable: GPU {gpu.index}: {e}"
-        xids = self._xid_events()
-        if xids and snap.gpus:
-            snap.gpus[0].xid = xids
+        by_index = {g.index: g for g in snap.gpus}
+        for gpu, x in self._xid_events():
+            s = by_index.get(gpu.index)
+            if s is None:  # a GPU that fell off the bus has no reading, but its XID is the news
+                s = by_index[gpu.index] = GpuSample(index=gpu.index, uuid=gpu.uuid, name=gpu.name)
+                snap.gpus.append(s)
+            s.xid = [*(s.xid or []), x]

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from hangd.redact import DEFAULT_ENV_KEEP, filter_environ, redact_cmdline
 from hangd.snapshot import ProcInfo, ProcSample, Role, Snapshot
 from hangd.sources.base import Unavailable
+from hangd.sources.kube import PodResolver, parse_kube_cgroup, status_uid, user_name
 
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -184,9 +185,13 @@ class _Known:
 
 @dataclass
 class ProcSource:
-    """Reads /proc for the watched set; ``proc_root`` is injectable for tests."""
+    """Reads /proc for the watched set; ``proc_root`` is injectable for tests, and so are where a
+    process's cgroup is read (``cgroup_path``, a path with ``{pid}``; empty: /proc/PID/cgroup) and
+    the kubelet's pod log folders (``pod_log_dir``)."""
 
     proc_root: str = "/proc"
+    cgroup_path: str = ""
+    pod_log_dir: str = "/var/log/pods"
     env_keep: tuple[str, ...] = DEFAULT_ENV_KEEP
     job_env: tuple[str, ...] = DEFAULT_JOB_ENV
     extra_pids: set[int] = field(default_factory=set)
@@ -463,9 +468,16 @@ class ProcSource:
             except OSError:
                 fds[fd] = None
         info.fds = fds
-        cg = _read(self._p(pid, "cgroup"))
+        status = _read_bytes(self._p(pid, "status"))
+        if status:
+            info.uid = status_uid(status)
+            info.user = user_name(info.uid) if info.uid is not None else None
+        cg = _read(self.cgroup_path.format(pid=pid) if self.cgroup_path else self._p(pid, "cgroup"))
         if cg:
             info.cgroup = describe_cgroup(cg)
+            pod = parse_kube_cgroup(cg)
+            if pod is not None:
+                info.pod = PodResolver(self.pod_log_dir).resolve(pod, info.environ)
         return info
 
     def _role(self, pid: int, k: _Known, watched: set[int], gpu_pids: set[int]) -> Role:

@@ -56,14 +56,16 @@ from sqlalchemy.orm import Session, defer, sessionmaker
 from sqlalchemy.pool import NullPool
 
 from hangd.analysis.signals import Thresholds
+from hangd.exitcodes import CannotRun
 from hangd.flightrec import rows as frrows
 from hangd.incidents import FAMILY
 from hangd.redact import redact_obj, redact_text
 from hangd.snapshot import RemoteDump, RemoteRank
 from hangd.store import models as m
+from hangd.store import schema
 
 log = logging.getLogger("hangd.store")
-MIGRATIONS = Path(__file__).resolve().parent / "migrations"
+MIGRATIONS = schema.migrations_dir()
 MAX_PENDING = 20_000
 FILE_CHECK_EVERY_S = 2.0
 LOCK_CHECK_EVERY_S = 10.0
@@ -129,6 +131,7 @@ def _keep_only(rows: dict[Any, Any], listed: set[Any]) -> None:
 
 
 def make_engine(url: str) -> Engine:
+    schema.require_driver(url)  # a driver not installed: one line saying what to install
     if url.startswith("sqlite:///") and not url.startswith("sqlite:///:memory:"):
         path = url[len("sqlite:///"):]
         if path:
@@ -162,7 +165,7 @@ def _alembic(url: str, action: str, revision: str) -> None:
 
     eng = make_engine(url)
     cfg = Config()
-    # the migrations ship inside the package, so an installed hangd (pip install .) has them too
+    # the migrations ship inside the package (hangd.migrations), so an installed hangd has them too
     cfg.set_main_option("script_location", str(MIGRATIONS))
     cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
     try:
@@ -173,7 +176,10 @@ def _alembic(url: str, action: str, revision: str) -> None:
                 # tables at once, and all but one fail on PostgreSQL's catalog (pg_type) unique index.
                 conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATION_LOCK})
             cfg.attributes["connection"] = conn
-            getattr(command, action)(cfg, revision)
+            # a newer hangd migrated past what this one knows: serve on it if declared runnable, or refuse
+            if not (action == "upgrade" and revision == "head" and schema.serve_newer(conn, cfg, url)):
+                getattr(command, action)(cfg, revision)
+                schema.record(conn, cfg)
     except CommandError as e:
         raise MigrationError(f"{action} to {revision!r}: {str(e).splitlines()[0]}") from e
     finally:
@@ -210,6 +216,8 @@ def upgrade_apart(url: str) -> None:
     except subprocess.TimeoutExpired as e:
         raise MigrationFailed(f"(TimeoutExpired) the migration did not finish in {MIGRATE_APART_TIMEOUT_S} s") from e
     if r.returncode == 0:
+        for line in r.stderr.strip().splitlines()[-5:]:  # what it warned of: a schema newer than this hangd
+            log.warning("%s", redact_text(line))
         return
     try:
         err = json.loads(r.stdout.strip().splitlines()[-1])
@@ -218,6 +226,8 @@ def upgrade_apart(url: str) -> None:
         raise MigrationFailed(f"(migration) {redact_text(tail)[:300]}") from None
     if err["error"] == "migration":
         raise MigrationError(err["message"])
+    if err["error"] == "cannot_run":
+        raise CannotRun(err["message"])
     raise MigrationFailed(f"({err['type']}) {err['message']}")
 
 
@@ -227,6 +237,9 @@ def _upgrade_child() -> int:
         upgrade(url)
     except MigrationError as e:
         print(json.dumps({"error": "migration", "message": str(e)}))
+        return 1
+    except CannotRun as e:  # a schema newer than this hangd can run on, a driver not installed
+        print(json.dumps({"error": "cannot_run", "message": str(e)}))
         return 1
     except (SQLAlchemyError, OSError) as e:
         print(json.dumps({"error": "database", "type": type(e).__name__, "message": str(e)}))
@@ -240,6 +253,7 @@ def incident_row_to_dict(r: m.Incident, with_evidence: bool = True) -> dict[str,
         "opened_at": r.opened_at, "updated_at": r.updated_at, "resolved_at": r.resolved_at,
         "hang_started_at": r.hang_started_at, "acked": r.acked, "summary": r.summary, "next_step": r.next_step,
         "pids": r.pids, "ranks": r.ranks, "culprit_pids": r.culprit_pids, "culprit_ranks": r.culprit_ranks,
+        "who": r.who,
     }
     if with_evidence:
         d.update({"evidence": r.evidence, "findings": r.findings, "timeline": r.timeline})
@@ -346,6 +360,7 @@ class Store:
         ``heartbeat_s``, ``node_stale_s``: for a shared (PostgreSQL) database, how often this node
         says it is alive, and how old another node's last word may be before it counts as stopped.
         ``register``: False for a reader (``hangd status --job``) that is no node of the fleet."""
+        schema.require_driver(url)  # before the lock and the migrations, which need it too
         self.url = url
         self.shared = url.startswith("postgresql")
         # a node's own row moves with the heartbeat; the rows of its processes, jobs and GPUs only
@@ -788,7 +803,7 @@ class Store:
             setattr(inc, k, d.get(k))
         # what is stored outlives the process and is served to anyone with the token: the
         # words and evidence are redacted again here, whatever the analysis already did
-        for k in ("summary", "next_step", "evidence", "findings", "timeline"):
+        for k in ("summary", "next_step", "evidence", "findings", "timeline", "who"):
             setattr(inc, k, redact_obj(d.get(k)))
         inc.family = family
         inc.status = "open" if d.get("resolved_at") is None else "resolved"
@@ -893,21 +908,21 @@ class Store:
         unknown = [j["job"] for j in jobs if j["job"] not in rows]
         for part in _padded(unknown):
             for r in s.execute(select(tbl.c.key, tbl.c.name, tbl.c.state, tbl.c.ranks, tbl.c.world_size, tbl.c.identity,
-                                      tbl.c.spans_nodes, tbl.c.gone_at)
+                                      tbl.c.spans_nodes, tbl.c.gone_at, tbl.c.who)
                                .where(tbl.c.node_id == self.node_id, tbl.c.key.in_(part))):
-                rows[r.key] = (r.name, r.state, r.ranks, r.world_size, r.identity, r.spans_nodes) \
+                rows[r.key] = (r.name, r.state, r.ranks, r.world_size, r.identity, r.spans_nodes, r.who) \
                     if r.gone_at is None else (_GONE,)
         new, changed, same = [], [], []
         for j in jobs:
             key = j["job"]
             vals = (j.get("name") or key, j.get("state"), j.get("ranks") or {}, j.get("world_size"), j.get("identity"),
-                    j.get("spans_nodes"))
+                    j.get("spans_nodes"), redact_obj(j.get("who")) or None)
             cur = rows.get(key, ...)
             if cur == vals:
                 same.append({"b_key": key})
                 continue
             row = {"name": vals[0], "state": vals[1], "ranks": vals[2], "world_size": vals[3], "identity": vals[4],
-                   "spans_nodes": vals[5], "last_seen": t, "gone_at": None}
+                   "spans_nodes": vals[5], "who": vals[6], "last_seen": t, "gone_at": None}
             if cur is ...:
                 new.append(dict(row, node_id=self.node_id, key=key, first_seen=t))
             else:
@@ -924,7 +939,7 @@ class Store:
             s.execute(update(tbl).where(*where).values(gone_at=t, last_seen=t), gone)
         if changed:
             ok = self._updated_all(s, update(tbl).where(*where).values(
-                {k: bindparam(k) for k in ("name", "state", "ranks", "world_size", "identity", "spans_nodes",
+                {k: bindparam(k) for k in ("name", "state", "ranks", "world_size", "identity", "spans_nodes", "who",
                                            "last_seen", "gone_at")}), changed)
         if touch and same:
             ok = self._updated_all(s, update(tbl).where(*where).values(last_seen=t), same) and ok

@@ -58,6 +58,7 @@ class Job(Base):
     identity: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # what the key was made of
     spans_nodes: Mapped[str | None] = mapped_column(String(255))  # why it has ranks on other nodes
     gone_at: Mapped[float | None] = mapped_column(Float)  # when its node stopped listing it
+    who: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # its owner, Slurm job and pod
 
 
 class Process(Base):
@@ -123,6 +124,7 @@ class Incident(Base):
     timeline: Mapped[list[Any]] = mapped_column(JSON, default=list)
     # "<job>/<family>" while open, for a job that spans nodes: one open incident per job in the fleet
     open_key: Mapped[str | None] = mapped_column(String(300))
+    who: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # the job's owner, Slurm job and pod
 
 
 class GpuMinute(Base):
@@ -178,3 +180,12 @@ class FrEntry(Base):
     input_dtypes: Mapped[list[Any]] = mapped_column(JSON, default=list)
     output_sizes: Mapped[list[Any]] = mapped_column(JSON, default=list)
     time_created_ns: Mapped[int | None] = mapped_column(BigInteger)
+
+
+class SchemaRevision(Base):
+    """A migration applied, and the oldest hangd release that can run on the schema it leaves
+    (written by the hangd that migrated; read by an older one: hangd/store/schema.py)."""
+
+    __tablename__ = "hangd_schema"
+    revision: Mapped[str] = mapped_column(String(32), primary_key=True)
+    oldest_hangd: Mapped[str] = mapped_column(String(32))

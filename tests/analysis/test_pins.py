@@ -587,11 +587,13 @@ def test_ranks_are_named_in_rank_order_whatever_their_pids():
 
 
 def _straggling(n_waiting: int) -> Node:
-    """Ranks 0..n_waiting-1 (pids in reverse order) wait in a collective for the last one, which works."""
+    """Ranks 0..n_waiting-1 (pids in reverse order) wait in a collective for the last one, which sits
+    idle on its GPU (a rank that works is doing its part, not holding them up)."""
     n = n_waiting + 1
     node = Node([P(10, 1), *(P(20 - r, 10, torchrun_env(r, n), gpu=r, look="work" if r == n - 1 else "spin")
                              for r in range(n))])
     node.run(3)
+    node.procs[20 - n_waiting].look = "idle"
     for r in range(n_waiting):
         node.stack(20 - r, COLL)
     node.tick()
@@ -692,9 +694,10 @@ def test_one_process_at_a_time_on_each_line_of_the_classifier():
         ({}, "loading", "loading", "its stack is loading (f (x.py:1))"),
         ({"read_per_s": 130_500_000.4, "gpu_mem_rate": 1.0}, None, "loading", "reading 131 MB/s from disk, GPU memory growing 0 MB/s"),
         # a young slow reader that the CPU shows is not importing (CPU unknown)
-        ({"io_long_per_s": 30 * MiB, "io_active_s": 3, "read_per_s": 1 * MiB, "age_s": 5.0}, None, "loading",
+        ({"in_long_per_s": 30 * MiB, "in_active_s": 3, "in_counter": "read_bytes", "age_s": 5.0}, None, "loading",
          "reading 31 MB/s from disk over the last 6 s"),
-        ({"io_long_per_s": 30 * MiB, "io_active_s": 3, "read_per_s": 1 * MiB - 1, "write_per_s": None, "age_s": 60.0}, None,
+        # bytes going out are no reading, whatever the total
+        ({"out_long_per_s": 30 * MiB, "out_active_s": 3, "out_counter": "write_bytes", "age_s": 60.0}, None,
          "quiet", "sleeping (state S); GPU idle, 1.0 GiB held"),
         # GPU memory growing while the GPU runs: capture, unless util and SM are both at their saturation lines
         ({"gpu": GpuSignals(util=98, sm=74.9), **growing}, None, "graph_capture",

@@ -54,10 +54,10 @@ def query(base: str, expr: str) -> list[dict[str, Any]]:
 
 
 @contextmanager
-def prometheus(tmp: Path, targets: list[str]) -> Iterator[str]:
-    """A real Prometheus scraping ``targets`` (hangd URLs) every second as the scrape job ``hangd``,
-    with the shipped rules evaluated every second (the shipped file says 15 s). Yields its URL once
-    it is ready."""
+def prometheus(tmp: Path, targets: list[str], bearer: str | None = None) -> Iterator[str]:
+    """A real Prometheus scraping ``targets`` (hangd URLs) every second as the scrape job ``hangd``
+    (with ``bearer``, sent as the scrape's token), with the shipped rules evaluated every second
+    (the shipped file says 15 s). Yields its URL once it is ready."""
     port = free_port()
     rules = tmp / "rules.yml"
     doc = yaml.safe_load(RULES.read_text())
@@ -68,6 +68,7 @@ def prometheus(tmp: Path, targets: list[str]) -> Iterator[str]:
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(rules)],
         "scrape_configs": [{"job_name": "hangd",
+                            **({"authorization": {"credentials": bearer}} if bearer else {}),
                             "static_configs": [{"targets": [t.removeprefix("http://") for t in targets]}]}],
     }))
     prom = subprocess.Popen(["prometheus", f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",

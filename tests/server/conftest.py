@@ -55,8 +55,8 @@ class Served:
 
 
 def serve(tmp_path: Path, *args: str, db: str | None = None, env: dict[str, str] | None = None,
-          listen_host: str = "127.0.0.1", wait: bool = True) -> Served:
-    port = free_port()
+          listen_host: str = "127.0.0.1", wait: bool = True, port: int | None = None) -> Served:
+    port = port or free_port()
     db = db or f"sqlite:///{tmp_path / 'hangd.db'}"
     log = tmp_path / f"serve-{port}.log"
     proc = subprocess.Popen([*hangd_cmd(), "serve", "--listen", f"{listen_host}:{port}", "--db", db, *args], cwd=ROOT,

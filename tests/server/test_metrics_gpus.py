@@ -7,10 +7,10 @@ import dataclasses
 from prometheus_client import CollectorRegistry, generate_latest
 
 from hangd.config import Settings
+from hangd.daemon import TraceFeed
 from hangd.server.metrics import HangdCollector
 from hangd.server.runtime import Daemon
 from hangd.store.db import Store
-from hangd.trace import TraceReader
 
 from ..conftest import TRACES
 
@@ -18,13 +18,14 @@ from ..conftest import TRACES
 def _gpu_lines(tmp_path, strip: tuple[str, ...]) -> dict[str, str]:
     """/metrics' GPU 0 lines (name -> value) after one recorded H200 reading with ``strip`` GPM keys
     taken out, the way NVML leaves out a metric whose nvmlReturn is not success."""
-    snap = next(s for s in TraceReader(TRACES / "nccl_stall").snapshots() if any(g.gpm for g in s.gpus))
+    feed = TraceFeed(str(TRACES / "nccl_stall"))
+    snap = next(s for s in iter(feed.sample, None) if any(g.gpm for g in s.gpus))
     snap.gpus = [dataclasses.replace(g, gpm={k: v for k, v in (g.gpm or {}).items() if k not in strip})
                  for g in snap.gpus]
     settings = Settings(db=f"sqlite:///{tmp_path / 'h.db'}", nvml=False, stacks=False)
     d = Daemon(settings, store=Store(settings.db))
     try:
-        d.analyzer.step(snap)
+        d.front.step(snap, feed)
         reg = CollectorRegistry()
         reg.register(HangdCollector(d))
         text = generate_latest(reg).decode()

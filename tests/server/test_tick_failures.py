@@ -14,7 +14,7 @@ def test_failing_ticks_are_counted_and_make_readyz_degraded(tmp_path, monkeypatc
     d = Daemon(settings, store=Store(settings.db))
     assert isinstance(d.loop, Loop)
     calls = {"n": 0}
-    real_step = d.analyzer.step
+    real_step = d.front.analyzer.step
 
     def step(snap):
         calls["n"] += 1
@@ -22,7 +22,7 @@ def test_failing_ticks_are_counted_and_make_readyz_degraded(tmp_path, monkeypatc
             raise RecursionError("maximum recursion depth exceeded")  # what a 100,000-deep dump once did
         return real_step(snap)
 
-    monkeypatch.setattr(d.analyzer, "step", step)
+    monkeypatch.setattr(d.front.analyzer, "step", step)
     d.loop.stop.clear()
     for _ in range(3):
         d.loop.run(d._after_tick, seconds=0.06)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hangd.analysis import report
+from hangd.analysis import hardware, report
 from hangd.analysis.detectors import Env
 from hangd.analysis.local import WAIT_VERDICTS
 from hangd.analysis.model import Local, Strength
@@ -223,6 +223,11 @@ def fill(env: Env, jv: JobView, inc: object) -> None:
     if exc:
         parts.insert(0, "Probable cause, from " + report.quote_exception(exc[-1]))
     inc.evidence = report.evidence(env.view, env.tracks, job, jv.sigs, jv.quiet)
+    stalled = inc.hang_started_at if inc.hang_started_at is not None else jv.last_progress
+    hw_parts, hw_ev = hardware.hang(env.view, jv, stalled, {p: env.progress.of(p).last or stalled for p in job.pids})
+    parts[:0] = hw_parts  # the hardware's word on the GPU first: it outranks what the ranks do
+    if hw_ev:
+        inc.evidence["hardware"] = hw_ev
     if job.spans_nodes:
         _fleet(env, jv, inc, parts, culprits, remote_culprits)
     inc.summary = ". ".join(parts) + "."

@@ -5,6 +5,7 @@ in the making, not a straggler."""
 
 from __future__ import annotations
 
+from hangd.analysis import hardware
 from hangd.analysis.detectors import Env
 from hangd.analysis.views import JobView
 from hangd.incidents import Family, IncidentKind
@@ -45,6 +46,8 @@ def step(env: Env, jv: JobView) -> None:
     recent = any(env.progress.of(p).recent(t, th.straggler_wait_s / 2) for p in victims)
     worst = [p for p, n in blamed.items() if n >= th.straggler_wait_s] if not tr.hung and progressed >= th.straggler_progressed_secs and recent else []
     inc = env.book.get(job.id, FAMILY)
+    if worst and inc is None and _hang_within(env, job.id, t - th.straggler_window_s):
+        worst = []  # one event, one incident: these waits were the hang's, already reported
     if worst and inc is None:
         inc = env.book.open_incident(IncidentKind.STRAGGLER, job.id, t)
         inc.pids = list(job.pids)
@@ -61,7 +64,18 @@ def step(env: Env, jv: JobView) -> None:
                        f"of the last {th.straggler_window_s:.0f} s while the job still progressed")
         inc.evidence = {"wait_seconds_by_rank": {str(job.ranks[p]): n for p, n in blamed.items()},
                         "culprit": {str(job.ranks[p]): jv.readings[p].why for p in worst if p in jv.readings}}
+        hw_parts, hw_ev = hardware.straggler(env.view, jv, order, th.straggler_window_s)
+        if hw_parts:
+            inc.summary += ". " + ". ".join(hw_parts)
+        if hw_ev:
+            inc.evidence["hardware"] = hw_ev
         env.book.touch(inc, t, f"culprit ranks {inc.culprit_ranks}")
     elif not live or tr.hung or not tr.blame or t - tr.blame[-1][0] > th.straggler_quiet_after_s:
         env.book.resolve(inc, t, "the job is gone or hung" if not live or tr.hung else
                          f"no rank has made the others wait for {th.straggler_quiet_after_s:.0f} s")
+
+
+def _hang_within(env: Env, job_id: str, since: float) -> bool:
+    """A hang incident of the job was open at some moment since ``since``."""
+    return any(i.job == job_id and i.family == "hang" and (i.resolved_at is None or i.resolved_at >= since)
+               for i in env.book.all)

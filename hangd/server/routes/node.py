@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Path, Query, Response
 
-from hangd.server.deps import AuthDep, DaemonDep
+from hangd.server.deps import AuthDep, DaemonDep, WriteDep
 from hangd.server.schemas import GpuOut, JobOut, ProcessOut, TimelineEntry
 
 router = APIRouter(tags=["node"], responses={401: {"description": "a token is required (hangd listens off loopback)"}})
@@ -16,9 +16,7 @@ router = APIRouter(tags=["node"], responses={401: {"description": "a token is re
 @router.get("/processes", response_model=list[ProcessOut], summary="Current state of every GPU process / rank")
 def processes(daemon: DaemonDep, _: AuthDep) -> list[dict[str, Any]]:
     now = daemon.last_snapshot_t or time.time()
-    with daemon.lock:
-        procs = daemon.analyzer.processes()
-    return [{**p, "for_s": round(max(0.0, now - p["since"]), 1)} for p in procs]
+    return [{**p.to_dict(), "for_s": round(max(0.0, now - p.since), 1)} for p in daemon.front.processes()]
 
 
 @router.get("/jobs", response_model=list[JobOut], summary="Distributed jobs on this node and their state")
@@ -42,20 +40,20 @@ def gpus(daemon: DaemonDep, _: AuthDep, response: Response) -> list[dict[str, An
     if unseen:
         # a header keeps the body a plain list of GPUs; latin-1 is what headers can carry
         response.headers["Hangd-Gpus-Unseen"] = unseen.encode("latin-1", "replace").decode("latin-1")[:1000]
-    with daemon.lock:
-        return daemon.analyzer.gpus()
+    return [g.to_dict() for g in daemon.front.gpus()]
 
 
 @router.get("/timeline", response_model=list[TimelineEntry], summary="State changes, oldest first")
 def timeline(daemon: DaemonDep, _: AuthDep, pid: Annotated[int | None, Query(ge=0, le=2**31)] = None,
              since: Annotated[float | None, Query(ge=0, le=1e11)] = None,
              limit: Annotated[int, Query(ge=1, le=5000)] = 500) -> list[dict[str, Any]]:
-    return daemon.store.timeline(pid=pid, since=since, limit=limit)
+    return daemon.timeline(pid=pid, since=since, limit=limit)
 
 
 @router.post("/snapshot", status_code=202, summary="Capture evidence now (stacks, flight-recorder dumps)",
-             responses={409: {"description": "nothing live to capture (hangd runs a replay)"}})
-def snapshot(daemon: DaemonDep, _: AuthDep) -> dict[str, Any]:
+             responses={409: {"description": "nothing live to capture (hangd runs a replay)"},
+                        403: {"description": "the read token may not capture: send the write token"}})
+def snapshot(daemon: DaemonDep, _: WriteDep) -> dict[str, Any]:
     res = daemon.request_snapshot()
     if not res["accepted"]:
         raise HTTPException(status_code=409, detail=res["why"])

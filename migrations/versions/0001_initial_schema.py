@@ -11,6 +11,7 @@ revision = '0001'
 down_revision = None
 branch_labels = None
 depends_on = None
+oldest_hangd = '0.1.0'  # the oldest hangd release that runs on this schema
 
 
 def upgrade() -> None:

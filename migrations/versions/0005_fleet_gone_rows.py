@@ -16,6 +16,7 @@ revision = '0005'
 down_revision = '0004'
 branch_labels = None
 depends_on = None
+oldest_hangd = '0.1.0'  # the oldest hangd release that runs on this schema
 
 
 def upgrade() -> None:

@@ -1,0 +1,95 @@
+"""The rank-state decision table: the code's rows are the documented ones, and each row decides."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+import pytest
+
+from hangd.analysis.model import Local, State
+from hangd.analysis.rankstate import TABLE, Evidence, Moved, decide, progress_words
+
+from ..conftest import ROOT
+
+
+def _doc_rows() -> list[tuple[str, str, str]]:
+    text = (ROOT / "docs" / "analysis.md").read_text()
+    part = text.split("## The decision table", 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for line in part.splitlines():
+        m = re.match(r"^\| (\d+) \| (\w+) \| (.+?) \| (\w+) \|$", line)
+        if m:
+            rows.append((m.group(2), m.group(3), m.group(4)))
+    return rows
+
+
+def test_the_documented_table_is_the_one_the_code_applies():
+    assert _doc_rows() == [(r.rule, r.when, str(r.state)) for r in TABLE]
+
+
+BASE = Evidence(local=Local.BUSY, why="GPU working", started=True, previous=State.BUSY)
+
+# one case per row of the table: the evidence, the state, the row that must decide
+ROWS = [
+    (replace(BASE, orphaned=True, orphan_why="its launcher (pid 9) is gone", job_hung=True), State.ORPHANED, "orphaned"),
+    (replace(BASE, local=Local.QUIET, job_hung=True, hung_why="job hung", started=False), State.HUNG, "job_hung"),
+    (replace(BASE, local=Local.WAITING, idle_server=True, idle_why="idle server", started=False), State.IDLE, "idle_server"),
+    (replace(BASE, local=Local.CPU, started=False, previous=None), State.STARTING, "setting_up"),
+    (replace(BASE, local=Local.SPINNING, hold=True, previous=State.BUSY), State.BUSY, "hold"),
+    (replace(BASE, local=Local.SPINNING, it_waits_for="1"), State.WAITING_PEER, "waits_for_peer"),
+    (replace(BASE, local=Local.QUIET, peers_wait_for_it="0"), State.STRAGGLER, "holds_others_up"),
+    (replace(BASE, local=Local.STOPPED), State.STRAGGLER, "holds_others_up"),
+    (replace(BASE, local=Local.LOADING, why="reading 130 MB/s (rchar)"), State.LOADING, "own_reading"),
+]
+
+
+@pytest.mark.parametrize(("ev", "state", "rule"), ROWS, ids=[r for _, _, r in ROWS])
+def test_each_row_decides(ev, state, rule):
+    d = decide(ev)
+    assert (d.state, d.rule) == (state, rule), d.reason
+
+
+@pytest.mark.parametrize("rule", [r.rule for r in TABLE])
+def test_every_row_has_a_case(rule):
+    assert rule in {r for _, _, r in ROWS}
+
+
+# Readings taken from the recorded traces (the record the engine built at that second).
+TRACE_ROWS = [
+    # h200x2-more/sgl_ok, rank 1 at +20 s: in the gloo broadcast of an idle scheduler, waking 38/s
+    (replace(BASE, local=Local.WAITING, why="its stack is inside a collective: broadcast", idle_server=True,
+             idle_why="idle server: the collectives with rank 0 keep completing (38 a second) and no rank works",
+             progress={"collectives": Moved.YES, "gpu_work": Moved.NO}), State.IDLE),
+    # ... and rank 0, sleeping between polls of its empty queue while rank 1 waits for it
+    (replace(BASE, local=Local.QUIET, why="sleeping in hrtimer_nanosleep", idle_server=True, peers_wait_for_it="1",
+             idle_why="idle server"), State.IDLE),
+    # h200x2-more/ckpt_straggler, rank 0 writing its checkpoint while rank 1 waits in the next all_reduce
+    (replace(BASE, local=Local.WRITING, why="writing 78 MB/s over the last 6 s (write_bytes)", peers_wait_for_it="1",
+             progress={"write": Moved.YES}), State.BUSY),
+    # h200x2-more/hf_slow_shards, rank 1 reading from the page cache (rchar alone moves) past its setup
+    (replace(BASE, local=Local.LOADING, why="reading 130 MB/s over the last 6 s (rchar)", peers_wait_for_it="0"),
+     State.LOADING),
+    # h200x2/cpu_hang: the quiet rank of a job judged hung, which never finished its setup
+    (replace(BASE, local=Local.QUIET, started=False, previous=State.STARTING, job_hung=True, hung_why="job hung"),
+     State.HUNG),
+    # a rank waiting on its DataLoader worker while the job is hung names the worker
+    (replace(BASE, local=Local.WORKER_WAIT, job_hung=True, hung_why="job hung",
+             waits_detail="its DataLoader worker pid 4242 (sleeping in futex_wait)"), State.HUNG),
+]
+
+
+@pytest.mark.parametrize(("ev", "state"), TRACE_ROWS)
+def test_readings_from_recorded_traces(ev, state):
+    d = decide(ev)
+    assert d.state == state, d.reason
+    if ev.waits_detail and d.state == State.HUNG:
+        assert "DataLoader worker pid 4242" in d.reason
+
+
+def test_a_missing_source_is_unknown_not_stuck():
+    ev = replace(BASE, local=Local.QUIET, progress={"stack": Moved.UNKNOWN, "gpu_work": Moved.UNKNOWN})
+    assert not ev.moved("stack", "gpu_work")
+    assert decide(ev).state == State.IDLE
+    assert progress_words(replace(ev, progress={"read": Moved.YES}, how={"read": "read 130 MB/s (rchar)"})) == \
+        "read 130 MB/s (rchar)"
