@@ -1,12 +1,13 @@
 # hangd: two commands for a newcomer.
 #   make run   - create ./.venv, install hangd, start `hangd serve` (SQLite by default)
 #   make test  - create ./.venv with the test extras, install what the tests need, run them all
+#   make test-fast - the same venv, only the tests that need no torchrun, PostgreSQL or Prometheus
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test lint bench deps clean install uninstall mutate matrix matrix-score
+.PHONY: run test test-fast lint bench deps clean install uninstall mutate matrix matrix-score
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,7 +39,14 @@ deps:
 	fi
 
 test: deps $(VENV)/.test-installed
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q --durations=25 $(PYTEST_ARGS)
+
+# While changing code: no torchrun jobs, no PostgreSQL, no Prometheus, nothing marked slow (markers in
+# pyproject.toml), and a quarter of the fuzz examples (tests/fuzz.py). Needs no Debian packages, so no
+# `deps`. `make test` before a merge still runs all of it.
+FAST := not torchrun and not postgres and not prometheus and not slow
+test-fast: $(VENV)/.test-installed
+	HANGD_FUZZ_SCALE=$${HANGD_FUZZ_SCALE:-0.25} $(BIN)/python -m pytest -q --durations=25 -m "$(FAST)" $(PYTEST_ARGS)
 
 lint: $(VENV)/.test-installed
 	$(BIN)/ruff check hangd migrations tests benchmarks

@@ -3,7 +3,7 @@
 python -m benchmarks.rss [--json] [--processes 64] [--seconds 600] [--every 15]
 -> {"rss_mb": [[seconds, MB], ...], "rss_mb_end", "rss_mb_per_hour_history_full", "rss_mb_1h_extrapolated"}
 
-The analysis keeps HISTORY readings (2 minutes at 1 Hz) of each process, so RSS grows for the
+The analysis keeps Thresholds.history_readings (HISTORY) (2 minutes at 1 Hz) of each process, so RSS grows for the
 first minutes and should then stay flat; the slope once the history is full (from HISTORY + 60 s
 on), carried to one hour, is the extrapolation reported when the run is shorter than an hour.
 """
@@ -17,7 +17,9 @@ import psutil
 
 from benchmarks.common import emit
 from benchmarks.overhead import started, stopped
-from hangd.analysis.signals import HISTORY
+from hangd.analysis.signals import Thresholds
+
+HISTORY = Thresholds.history_readings
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ import tomllib
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, ValidationError
 from pydantic.fields import FieldInfo
@@ -30,10 +30,9 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from hangd.analysis.signals import Thresholds
 from hangd.redact import redact_url, url_password
-
-if TYPE_CHECKING:
-    from hangd.analysis.signals import Thresholds
+from hangd.safefile import NotRegularFile, TooLarge, read_regular
 
 DEFAULT_PORT = 9877  # not taken by node_exporter (9100), dcgm-exporter (9400), Prometheus (9090)
 DEFAULT_CONFIG = "/etc/hangd/hangd.toml"
@@ -75,16 +74,14 @@ def read_small_file(path: str, what: str) -> bytes:
     if not stat.S_ISREG(st.st_mode):
         raise ConfigError(f"{what} {path}: not a regular file")
     try:
-        # O_NONBLOCK: if the path is swapped for a FIFO after the stat, the open still returns
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        # by file descriptor: a path swapped for a FIFO after the stat neither blocks nor is read
+        data, _ = read_regular(path, MAX_SMALL_FILE, follow=True)
+    except TooLarge:
+        raise ConfigError(f"{what} {path}: larger than {MAX_SMALL_FILE} bytes") from None
+    except NotRegularFile:
+        raise ConfigError(f"{what} {path}: not a regular file") from None
     except OSError as e:
         raise ConfigError(f"{what} {path}: {e.strerror}") from e
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise ConfigError(f"{what} {path}: not a regular file")
-        data = f.read(MAX_SMALL_FILE + 1)
-    if len(data) > MAX_SMALL_FILE:
-        raise ConfigError(f"{what} {path}: larger than {MAX_SMALL_FILE} bytes")
     return data
 
 
@@ -193,12 +190,12 @@ class Settings(BaseSettings):
     replay: str | None = None
     speed: Annotated[float, _seconds(0, 1e6)] = 1.0  # 0: as fast as possible
     # classifier thresholds (seconds); see docs/operator-guide.md for why these defaults
-    hang_gpu_s: Annotated[float, _seconds(0, DAY, lo_open=True)] = 10.0
-    hang_host_s: Annotated[float, _seconds(0, DAY, lo_open=True)] = 12.0
-    hang_io_s: Annotated[float, _seconds(0, DAY, lo_open=True)] = 30.0
+    hang_gpu_s: Annotated[float, _seconds(0, DAY, lo_open=True)] = Thresholds.hang_gpu_s
+    hang_host_s: Annotated[float, _seconds(0, DAY, lo_open=True)] = Thresholds.hang_host_s
+    hang_io_s: Annotated[float, _seconds(0, DAY, lo_open=True)] = Thresholds.hang_io_s
     # a process that exited stays listed (state "gone") in /processes and /jobs this long, then the
     # analysis forgets it (the store keeps its history)
-    gone_after_s: Annotated[float, _seconds(0, DAY, lo_open=True)] = 120.0
+    gone_after_s: Annotated[float, _seconds(0, DAY, lo_open=True)] = Thresholds.gone_after_s
     # /metrics cardinality: a process that exited keeps its series this long, then they go; at most
     # this many processes are exported (the rest are counted in hangd_series_dropped_total)
     metrics_gone_after_s: Annotated[float, _seconds(0, 30 * DAY)] = 300.0
@@ -208,7 +205,7 @@ class Settings(BaseSettings):
     # node counts as stopped (named in the job's view, never blamed)
     node_name: Annotated[str | None, Field(min_length=1, max_length=255)] = None
     heartbeat_s: Annotated[float, _seconds(0, 3600, lo_open=True)] = 2.0
-    node_stale_s: Annotated[float, _seconds(0, DAY, lo_open=True)] = 15.0
+    node_stale_s: Annotated[float, _seconds(0, DAY, lo_open=True)] = Thresholds.node_stale_s
 
     def host_port(self) -> tuple[str, int]:
         host, sep, port = self.listen.rpartition(":")
@@ -312,8 +309,8 @@ def load_settings(flags: dict[str, Any] | None = None, env: Mapping[str, str] | 
     return s
 
 
-# the Thresholds fields whose setting has another name
-THRESHOLD_SETTINGS = {"gone_process_s": "gone_after_s"}
+# the Thresholds fields whose setting has another name (none now: gone_after_s is one name for both)
+THRESHOLD_SETTINGS: dict[str, str] = {}
 
 
 def thresholds_from(settings: Settings) -> Thresholds:
@@ -321,8 +318,6 @@ def thresholds_from(settings: Settings) -> Thresholds:
     own name, or the one ``THRESHOLD_SETTINGS`` gives) takes the setting's value; the others keep
     their defaults. The one place the thresholds are built: serve, status, record and watch judge
     a job alike."""
-    from hangd.analysis.signals import Thresholds
-
     given = {}
     for f in dataclasses.fields(Thresholds):
         name = THRESHOLD_SETTINGS.get(f.name, f.name)

@@ -21,28 +21,47 @@ class IncidentKind(StrEnum):
     RANK_EXITED = "rank_exited"
 
 
+class Family(StrEnum):
+    """Incidents of one family are one episode: a job has at most one open incident per family, and
+    a hang that changes kind (host_stall -> nccl_stall, a rank exits) stays the same incident."""
+
+    HANG = "hang"
+    ORPHAN = "orphan"
+    MISMATCH = "mismatch"
+    STRAGGLER = "straggler"
+
+
+class Severity(StrEnum):
+    CRITICAL = "critical"  # the job makes no progress or computes wrong results: page someone
+    WARNING = "warning"  # GPUs are wasted or a job runs slower: look during the day
+
+
+_K = IncidentKind
 KINDS = tuple(k.value for k in IncidentKind)
-HANG_KINDS = (IncidentKind.NCCL_STALL.value, IncidentKind.HOST_STALL.value, IncidentKind.IO_STALL.value)
-FAMILY = {"nccl_stall": "hang", "host_stall": "hang", "io_stall": "hang", "rank_exited": "hang",
-          "orphaned_gpu_memory": "orphan", "collective_mismatch": "mismatch", "straggler": "straggler"}
-SEVERITY = {"nccl_stall": "critical", "host_stall": "critical", "io_stall": "critical", "rank_exited": "critical",
-            "orphaned_gpu_memory": "warning", "collective_mismatch": "critical", "straggler": "warning"}
-NEXT_STEP = {
-    "nccl_stall": ("Look at what the culprit rank is doing (its stack below) instead of killing the job; "
+HANG_KINDS = (_K.NCCL_STALL.value, _K.HOST_STALL.value, _K.IO_STALL.value)
+FAMILY: dict[str, Family] = {_K.NCCL_STALL: Family.HANG, _K.HOST_STALL: Family.HANG, _K.IO_STALL: Family.HANG,
+                             _K.RANK_EXITED: Family.HANG, _K.ORPHANED_GPU_MEMORY: Family.ORPHAN,
+                             _K.COLLECTIVE_MISMATCH: Family.MISMATCH, _K.STRAGGLER: Family.STRAGGLER}
+SEVERITY: dict[str, Severity] = {
+    _K.NCCL_STALL: Severity.CRITICAL, _K.HOST_STALL: Severity.CRITICAL, _K.IO_STALL: Severity.CRITICAL,
+    _K.RANK_EXITED: Severity.CRITICAL, _K.ORPHANED_GPU_MEMORY: Severity.WARNING,
+    _K.COLLECTIVE_MISMATCH: Severity.CRITICAL, _K.STRAGGLER: Severity.WARNING}
+NEXT_STEP: dict[str, str] = {
+    _K.NCCL_STALL: ("Look at what the culprit rank is doing (its stack below) instead of killing the job; "
                    "the ranks inside the collective are only waiting for it. Compare code paths that "
                    "issue collectives conditionally (data-dependent branches, different step counts)."),
-    "host_stall": ("The ranks are blocked on the host, not on a GPU. Read the culprit's stack: "
+    _K.HOST_STALL: ("The ranks are blocked on the host, not on a GPU. Read the culprit's stack: "
                    "a rank waiting on something other than the collective (an event, a lock, a queue) "
                    "never reached the collective its peers are in. Do not send SIGABRT: the stacks here "
                    "are the evidence."),
-    "io_stall": "A rank is stuck in uninterruptible I/O: check the filesystem (NFS/Lustre/disk) it reads.",
-    "rank_exited": ("A rank exited while its peers still hold GPUs and will wait for it until their "
+    _K.IO_STALL: "A rank is stuck in uninterruptible I/O: check the filesystem (NFS/Lustre/disk) it reads.",
+    _K.RANK_EXITED: ("A rank exited while its peers still hold GPUs and will wait for it until their "
                     "collective timeout: read the exited rank's last log lines, then stop the job."),
-    "orphaned_gpu_memory": ("These processes lost their launcher and still hold GPU memory: stop them "
+    _K.ORPHANED_GPU_MEMORY: ("These processes lost their launcher and still hold GPU memory: stop them "
                             "(hangd never does) to free the GPUs."),
-    "collective_mismatch": ("Ranks issued different collectives at the same sequence number: results are "
+    _K.COLLECTIVE_MISMATCH: ("Ranks issued different collectives at the same sequence number: results are "
                             "silently wrong or the job will hang. Check shapes and step counts per rank."),
-    "straggler": "One rank repeatedly makes the others wait: check its data loading, host and GPU.",
+    _K.STRAGGLER: "One rank repeatedly makes the others wait: check its data loading, host and GPU.",
 }
 
 
@@ -52,7 +71,7 @@ class Incident:
     kind: str
     job: str
     opened_at: float
-    severity: str = "critical"
+    severity: str = Severity.CRITICAL
     resolved_at: float | None = None
     updated_at: float | None = None
     pids: list[int] = field(default_factory=list)
@@ -79,7 +98,7 @@ class Incident:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "id": self.id, "kind": self.kind, "severity": self.severity, "job": self.job,
+            "id": self.id, "kind": str(self.kind), "severity": str(self.severity), "job": self.job,
             "status": "open" if self.open else "resolved",
             "opened_at": round(self.opened_at, 3),
             "resolved_at": round(self.resolved_at, 3) if self.resolved_at is not None else None,
@@ -103,15 +122,20 @@ class Incident:
         return f"{self.summary.rstrip()} {sentence}" if self.summary else sentence
 
 
-REFRESH_S = 10.0  # an open incident's ticking figures reach the store and watchers this often
+# defaults of Thresholds.incident_refresh_s and .timeline_kept (the reasons are there); the
+# analysis hands its own in
+REFRESH_S = 10.0
+TIMELINE_KEPT = 50
 _DURATION = re.compile(r"\d+(?:\.\d+)? s\b")
 
 
 class IncidentBook:
     """Open incidents by (job, family), and every incident ever opened in this run."""
 
-    def __init__(self, first_id: int = 1, keep_resolved: int = 500) -> None:
+    def __init__(self, first_id: int = 1, keep_resolved: int = 500, refresh_s: float = REFRESH_S,
+                 timeline_kept: int = TIMELINE_KEPT) -> None:
         self.next_id = first_id
+        self.refresh_s, self.timeline_kept = refresh_s, timeline_kept
         self.open: dict[tuple[str, str], Incident] = {}
         # every open incident and the newest resolved ones (the store keeps them all)
         self.recent: deque[Incident] = deque()
@@ -165,7 +189,7 @@ class IncidentBook:
     def adopt(self, d: dict[str, Any]) -> Incident:
         """An incident still open from before a restart: the same episode continues under its id."""
         inc = Incident(id=int(d["id"]), kind=d["kind"], job=d["job"], opened_at=float(d["opened_at"]),
-                       severity=d.get("severity") or "critical", updated_at=d.get("updated_at"),
+                       severity=d.get("severity") or Severity.CRITICAL, updated_at=d.get("updated_at"),
                        pids=list(d.get("pids") or []), ranks=list(d.get("ranks") or []),
                        culprit_pids=list(d.get("culprit_pids") or []), culprit_ranks=list(d.get("culprit_ranks") or []),
                        summary=d.get("summary") or "", next_step=d.get("next_step") or "",
@@ -190,7 +214,7 @@ class IncidentBook:
                 self.recent.append(old)
             self.changed.append(old)
             return old
-        inc = Incident(id=self.next_id, kind=kind, job=job, opened_at=t, severity=SEVERITY.get(kind, "warning"),
+        inc = Incident(id=self.next_id, kind=kind, job=job, opened_at=t, severity=SEVERITY.get(kind, Severity.WARNING),
                        next_step=NEXT_STEP.get(kind, ""), updated_at=t, who=dict(self.who_of(job) or {}), **kw)
         self.next_id += self.id_step
         inc.timeline.append({"t": round(t, 3), "event": "opened", "kind": kind})
@@ -208,15 +232,15 @@ class IncidentBook:
             inc.who = dict(self.who_of(inc.job) or {})
         if note and not any(e.get("note") == note for e in inc.timeline):
             inc.timeline.append({"t": round(t, 3), "event": "updated", "note": note})
-            del inc.timeline[1:-50]
+            del inc.timeline[1:-self.timeline_kept]
             if inc not in self.changed:
                 self.changed.append(inc)
         # What a person reads changed (kind, culprits, the summary's words): every view must show it
         # now. Counters in the summary ("has waited 41 s") tick every second: those are brought up
-        # to date every REFRESH_S, not written on every tick.
+        # to date every refresh_s, not written on every tick.
         fp = (inc.kind, _DURATION.sub("N s", inc.summary), tuple(inc.culprit_pids), tuple(inc.culprit_ranks),
               tuple(inc.pids), inc.next_step, len(inc.findings), inc.who.get("text"))
-        stale = t - self._marked_at.get(inc.id, t) >= REFRESH_S
+        stale = t - self._marked_at.get(inc.id, t) >= self.refresh_s
         if self._fingerprint.get(inc.id) != fp or stale:
             self._fingerprint[inc.id] = fp
             self._marked_at[inc.id] = t

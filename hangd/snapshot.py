@@ -11,7 +11,12 @@ The records convert losslessly to and from the events of the ``hangd-trace/1`` f
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from typing import Any
+
+# Linux's USER_HZ on every architecture hangd runs on; what a trace recorded before ProcSample carried
+# its ``clk_tck`` was read with.
+DEFAULT_CLK_TCK = 100
 
 GPM_KEYS = (
     "SM_UTIL",
@@ -66,10 +71,23 @@ class GpuSample:
     remap_failure: bool | None = None  # a row remapping failed: the memory is bad
     nvlink_errors: dict[str, int] | None = None  # summed over its links: replay, recovery, crc_flit, crc_data
 
+    @property
+    def power_w(self) -> float | None:
+        """Power draw in watts; None when NVML did not say."""
+        return self.power_mw / 1000 if self.power_mw is not None else None
+
+
+class Role(StrEnum):
+    """What a watched process is to its job, as /proc shows it (``StrEnum``: traces keep their strings)."""
+
+    WORKER = "worker"  # a rank: its own GPU memory, torch.distributed threads, or a job environment
+    LAUNCHER = "launcher"  # the parent of ranks (torchrun, a launcher script)
+    CHILD = "child"  # inherits a rank's environment but is no rank: data loaders, compile workers
+
 
 @dataclass(slots=True)
 class ProcSample:
-    """One /proc reading of one process. utime/stime in clock ticks (100 a second)."""
+    """One /proc reading of one process. utime/stime in clock ticks, ``clk_tck`` of them a second."""
 
     pid: int
     ppid: int | None = None
@@ -85,11 +103,18 @@ class ProcSample:
     wchan: str | None = None
     rss_bytes: int | None = None
     swap_bytes: int | None = None
-    role: str | None = None
+    role: str | None = None  # a Role
     gone: bool = False
     start_time: float | None = None  # Unix seconds; None when unknown
     # names of torch.distributed threads it runs (gloo, NCCL): a rank even without a GPU or a RANK
     dist_threads: list[str] | None = None
+    clk_tck: int | None = None  # the host's SC_CLK_TCK; None: DEFAULT_CLK_TCK (older traces)
+
+    def cpu_seconds_between(self, earlier: ProcSample) -> float | None:
+        """CPU time (user + system, seconds) used since ``earlier``; None when a count is missing."""
+        if self.utime is None or self.stime is None or earlier.utime is None or earlier.stime is None:
+            return None
+        return ((self.utime + self.stime) - (earlier.utime + earlier.stime)) / float(self.clk_tck or DEFAULT_CLK_TCK)
 
 
 @dataclass(slots=True)
@@ -114,6 +139,11 @@ class ProcInfo:
     # path; ``name``, ``namespace``, ``container`` and ``name_from`` where the node could resolve
     # them, else ``unresolved`` (why not, in words)
     pod: dict[str, str] | None = None
+
+    def log_files(self) -> set[str]:
+        """The files it writes stdout and stderr to (fds 1 and 2): absolute paths, not a terminal
+        or another device (``/dev/...``), not a pipe or socket (``pipe:[...]``). Its logs."""
+        return {t for t in (self.fds or {}).values() if t and t.startswith("/") and not t.startswith("/dev/")}
 
 
 @dataclass(slots=True)

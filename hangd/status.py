@@ -131,7 +131,7 @@ def collect_status(settings: Settings, seconds: float = 2.0) -> dict[str, Any]:
     front, snap, first_t = loop.front, seen[-1], seen[0].t
     now = snap.t
     gpus = [{"index": g.index, "name": g.name, "uuid": g.uuid, "util_gpu": g.util_gpu, "mem_used": g.mem_used,
-             "mem_total": g.mem_total, "power_w": (g.power_mw / 1000) if g.power_mw is not None else None,
+             "mem_total": g.mem_total, "power_w": g.power_w,
              "gpm": g.gpm, "procs": [{"pid": p.pid, "used": p.used} for p in g.procs]} for g in snap.gpus]
     procs = []
     for rec in front.processes():

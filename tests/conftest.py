@@ -37,6 +37,19 @@ def trace_copy(tmp_path: Path):
     return copy
 
 
+# Tiers (markers registered in pyproject.toml): a test that needs a real PostgreSQL says so by taking
+# the ``postgres_url`` fixture and is marked here; torchrun and prometheus are marked where the
+# test is written. `make test-fast` deselects all three and ``slow``.
+FIXTURE_MARKS = {"postgres_url": "postgres"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        for fixture, mark in FIXTURE_MARKS.items():
+            if fixture in getattr(item, "fixturenames", ()):
+                item.add_marker(getattr(pytest.mark, mark))
+
+
 def torch_available() -> bool:
     try:
         import torch  # noqa: F401

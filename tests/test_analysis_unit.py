@@ -63,3 +63,47 @@ def test_redaction_of_secret_keys_urls_and_flags():
         ["python", "--api-key", REDACTED, f"--token={REDACTED}", f"s3://AKIA:{REDACTED}@bucket/x"]
     assert redact_text("export WANDB_API_KEY=abc and HF_TOKEN=hf_123 ok=1") == \
         f"export WANDB_API_KEY={REDACTED} and HF_TOKEN={REDACTED} ok=1"
+
+
+def _cpu_cores(clk_tck: int | None) -> float | None:
+    """A process's CPU use over 2 s in which its utime grew by 1000 ticks."""
+    from hangd.analysis.signals import NodeView, Thresholds, proc_signals
+
+    th = Thresholds()
+    view = NodeView(th)
+    for t, ticks in ((0.0, 0), (1.0, 500), (2.0, 1000)):
+        view.feed(Snapshot(t=t, procs=[ProcSample(pid=10, ppid=1, state="R", utime=ticks, stime=0, threads=1,
+                                                  clk_tck=clk_tck)]))
+    return proc_signals(view, 10, 2.0, th).cpu_cores
+
+
+def test_cpu_use_counts_clock_ticks_at_the_rate_the_sample_carries():
+    # a host whose SC_CLK_TCK is 1000: 1000 ticks are 1 s
+    assert _cpu_cores(1000) == 0.5
+    # a trace recorded before samples carried the rate was read at 100 a second
+    assert _cpu_cores(None) == 5.0
+
+
+def test_every_incident_kind_has_a_family_a_severity_and_a_next_step_as_plain_strings():
+    from hangd.analysis.model import Strength
+    from hangd.incidents import (
+        FAMILY,
+        NEXT_STEP,
+        SEVERITY,
+        Family,
+        IncidentBook,
+        IncidentKind,
+        Severity,
+    )
+
+    for kind in IncidentKind:
+        assert isinstance(FAMILY[kind], Family) and isinstance(SEVERITY[kind], Severity) and NEXT_STEP[kind]
+    book = IncidentBook()
+    d = book.open_incident(IncidentKind.STRAGGLER, "job", 1.0).to_dict()
+    assert type(d["kind"]) is str and type(d["severity"]) is str  # what the store and the API write
+    assert (d["kind"], d["severity"]) == ("straggler", "warning")
+    # a stored incident (plain strings) finds its episode again after a restart
+    book2 = IncidentBook()
+    book2.adopt({**d, "resolved_at": None})
+    assert book2.open_incident("straggler", "job", 2.0).id == d["id"]
+    assert Strength.FLIGHT_RECORDER > Strength.STOPPED > Strength.STACK > Strength.INFERRED

@@ -96,7 +96,7 @@ def test_the_sizes_of_logs_nobody_writes_any_more_are_forgotten(tmp_path):
 def test_the_analysis_forgets_pids_and_logs_of_jobs_long_gone():
     """Jobs on GPUs, each with its own log whose lines carry torch's [rankN] prefix: once their
     processes have left the view, nothing is kept by their pids or their log paths."""
-    an = Analyzer(Thresholds(gone_process_s=10.0, serve_job_quiet_s=10.0))
+    an = Analyzer(Thresholds(gone_after_s=10.0, serve_job_quiet_s=10.0))
     node = Node([], analyzer=an)
     # the rank number only in the log prefix, not in the environment
     churn(node, 40, rank_env=lambda r, port: {k: v for k, v in torchrun_env(r, 2, port=port).items() if k != "RANK"},

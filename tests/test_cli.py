@@ -102,6 +102,7 @@ def test_blind_node_with_a_job_still_reports_it_and_shows_its_command(blind_env,
     assert f" {proc['job']} " in row, "the job key is shown whole, as /jobs knows it"
 
 
+@pytest.mark.slow  # a real serve, watch or replay of a whole trace
 def test_status_shows_the_open_incidents_of_the_nodes_daemon_and_exits_1(blind_env, tmp_path):
     """A look of 2 s cannot see a hang (that takes 10 s without progress); hangd serve on the node has
     watched all along, so status shows its open incidents, and exits 1, as at 3 a.m. it must."""
@@ -174,6 +175,7 @@ def test_watch_on_a_blind_node_says_so_once_then_exits_3(blind_env):
     assert sum(d["type"] == "gpus_unseen" for d in docs) == 1
 
 
+@pytest.mark.slow  # a real serve, watch or replay of a whole trace
 def test_serve_on_a_blind_node_warns_once_and_readyz_says_degraded(blind_env, tmp_path):
     s = serve(tmp_path, "--interval", "0.2", env=blind_env)
     try:
@@ -193,6 +195,7 @@ def test_serve_on_a_blind_node_warns_once_and_readyz_says_degraded(blind_env, tm
     assert "HINT:" in warnings[0]
 
 
+@pytest.mark.slow  # a real serve, watch or replay of a whole trace
 def test_another_failing_source_is_said_on_stderr_in_watch_and_in_readyz(blind_env, tmp_path):
     """Not only the GPUs: a node whose /proc hangd cannot list says so everywhere, with its HINT."""
     env = {**blind_env, "HANGD_PROC_ROOT": str(tmp_path / "no-proc")}
@@ -216,6 +219,7 @@ def test_another_failing_source_is_said_on_stderr_in_watch_and_in_readyz(blind_e
 # ----------------------------------------------------------------------------- exit statuses
 
 
+@pytest.mark.slow  # a real serve, watch or replay of a whole trace
 def test_replay_exit_status_is_1_when_the_trace_holds_an_incident_0_when_not():
     hung = hangd("replay", str(TRACES / "nccl_stall"))
     assert hung.returncode == 1 and hung.stderr == ""
@@ -224,6 +228,7 @@ def test_replay_exit_status_is_1_when_the_trace_holds_an_incident_0_when_not():
     assert "No incident and no finding in this trace." in fine.stdout
 
 
+@pytest.mark.slow  # a real serve, watch or replay of a whole trace
 def test_replay_text_shows_local_times_and_the_next_step_under_each_incident():
     out = hangd("replay", str(TRACES / "nccl_stall")).stdout
     lines = out.splitlines()
@@ -249,6 +254,7 @@ def test_replay_text_says_every_finding_in_words():
                              "rank 1 (pid 927) launched up to AllReduce #8224; behind: rank 1") for line in findings), findings
 
 
+@pytest.mark.slow  # a real serve, watch or replay of a whole trace
 def test_fr_analyze_exit_statuses(tmp_path):
     found = hangd("fr", "analyze", str(NCCL_DUMPS))
     assert found.returncode == 1 and "MISSING_RANK" in found.stdout
@@ -285,6 +291,7 @@ def test_serve_on_a_busy_port_is_one_line_exit_3(tmp_path):
     assert "address already in use" in line and "HINT:" in line
 
 
+@pytest.mark.slow  # a real serve, watch or replay of a whole trace
 def test_record_and_db_speak_json(tmp_path, blind_env):
     rec = hangd("record", "--out", str(tmp_path / "t"), "--seconds", "1", "--hz", "4", "--json", env=blind_env)
     assert rec.returncode == 0, rec.stderr

@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from hangd.config import DEFAULT_PORT, ConfigError, load_settings
+from hangd.config import DEFAULT_PORT, ConfigError, Settings, load_settings
 
 from .conftest import ROOT, hangd_cmd, run_hangd
 
@@ -155,3 +155,16 @@ def test_layering_is_pydantic_settings_flags_then_environment_then_file(tmp_path
     # Settings(...) in code is exactly what it is given: the host's variables are load_settings' business
     monkeypatch.setenv("HANGD_INTERVAL", "7")
     assert Settings().interval == 1.0 and load_settings(flags={}, config_path=os.devnull).interval == 7.0
+
+
+def test_the_settings_defaults_are_the_analysis_defaults_and_reach_it():
+    from hangd.analysis.signals import Thresholds
+    from hangd.daemon import thresholds_from
+    from hangd.store.db import NODE_STALE_S
+
+    th, s = Thresholds(), Settings()
+    for name in ("hang_gpu_s", "hang_host_s", "hang_io_s", "gone_after_s", "node_stale_s"):
+        assert getattr(s, name) == getattr(th, name), name
+    assert NODE_STALE_S == th.node_stale_s
+    got = thresholds_from(Settings(gone_after_s=7.0, node_stale_s=9.0))
+    assert (got.gone_after_s, got.node_stale_s) == (7.0, 9.0)

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from benchmarks.cost import measure
 
 from .conftest import ROOT
+
+pytestmark = pytest.mark.slow  # times the tick over many rounds
 
 COMMITTED = json.loads((ROOT / "benchmarks" / "results" / "cost-ratio.json").read_text())
 

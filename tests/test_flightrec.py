@@ -178,6 +178,7 @@ def _kinds(doc: dict) -> list[tuple]:
                   for f in doc["findings"] if f["kind"] != "stuck")
 
 
+@pytest.mark.torchrun
 def test_real_gloo_job_that_skips_a_collective(tmp_path):
     out = _gloo_dumps(tmp_path, "skip")
     p, j = _fr_json(out / "pickle"), _fr_json(out / "json")
@@ -187,6 +188,7 @@ def test_real_gloo_job_that_skips_a_collective(tmp_path):
     assert len(f) == 1 and f[0]["missing_ranks"] == [1] and f[0]["seq"] == 4 and f[0]["op"] == "gloo:all_reduce"
 
 
+@pytest.mark.torchrun
 def test_real_gloo_job_with_different_sizes(tmp_path):
     out = _gloo_dumps(tmp_path, "size")
     p, j = _fr_json(out / "pickle"), _fr_json(out / "json")

@@ -49,7 +49,7 @@ def test_the_check_sees_a_reach_in(tmp_path):
 def test_every_threshold_that_has_a_setting_takes_its_value():
     shared = {f.name: THRESHOLD_SETTINGS.get(f.name, f.name) for f in dataclasses.fields(Thresholds)
               if THRESHOLD_SETTINGS.get(f.name, f.name) in Settings.model_fields}
-    assert {"hang_gpu_s", "hang_host_s", "hang_io_s", "gone_process_s", "node_stale_s"} <= set(shared)
+    assert {"hang_gpu_s", "hang_host_s", "hang_io_s", "gone_after_s", "node_stale_s"} <= set(shared)
     given = {setting: float(getattr(Thresholds(), field)) + 1.5 for field, setting in shared.items()}
     th = thresholds_from(Settings(**given))
     assert {field: getattr(th, field) for field in shared} == {field: given[s] for field, s in shared.items()}
@@ -85,7 +85,7 @@ def test_status_and_record_judge_with_the_configured_thresholds(command, monkeyp
     else:
         res = record(s, str(tmp_path / "trace"), seconds=0.3, hz=10)
         assert res["snapshots"] >= 1
-    assert [(t.hang_gpu_s, t.gone_process_s) for t in built] == [(3.5, 9.0)]
+    assert [(t.hang_gpu_s, t.gone_after_s) for t in built] == [(3.5, 9.0)]
 
 
 def test_serve_replay_runs_the_loop_of_hangd_replay(tmp_path):

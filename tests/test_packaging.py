@@ -30,6 +30,8 @@ import pytest
 from . import realpg
 from .conftest import ROOT
 
+pytestmark = pytest.mark.slow  # builds the wheel and installs it into a fresh venv
+
 DRIVER = ("psycopg", "psycopg_binary")  # what hangd[postgres] brings: psycopg[binary]
 NOT_DEPS = ("hangd", "__editable__", "torch", "functorch")  # hangd itself, and no torch to run it
 
@@ -155,6 +157,7 @@ def pg() -> Iterator[realpg.Postgres]:
         p.stop()
 
 
+@pytest.mark.postgres
 def test_fleet_install_reaches_postgresql_with_the_postgres_extra_and_says_what_to_install_without(
         wheel, tmp_path, pg):
     """`pip install hangd` then a PostgreSQL URL: one line saying to install hangd[postgres], exit 3.

@@ -160,3 +160,22 @@ def test_cgroup_names():
     assert describe_cgroup("0::/kubepods/burstable/pod1234abcd-12ab-34cd-56ef-1234567890ab/" + "a" * 64).startswith("k8s-pod:1234abcd")
     assert describe_cgroup("0::/docker/" + "b" * 64) == "container:" + "b" * 12
     assert describe_cgroup("0::/user.slice") == "/user.slice"
+
+
+def test_one_stat_parser_reads_text_and_bytes_and_a_comm_with_parentheses():
+    line = "4242 (python (rank 0)) S 4200 4242 4200 0 -1 4194560 100 0 0 0 1234 56 0 0 20 0 7 0 98765 1 2560 0 0"
+    for raw in (line, line.encode()):
+        st = parse_stat(raw)
+        assert st is not None
+        assert (st["comm"], st["state"], st["ppid"], st["utime"], st["stime"], st["threads"], st["starttime_ticks"]) \
+            == ("python (rank 0)", "S", 4200, 1234, 56, 7, 98765)
+    assert parse_stat(b"4242 (short) S 1") is None
+
+
+def test_a_process_s_logs_are_the_files_of_fds_1_and_2_not_terminals_or_pipes():
+    from hangd.snapshot import ProcInfo
+
+    info = ProcInfo(pid=1, fds={"1": "/job/out.log", "2": "/dev/pts/3"})
+    assert info.log_files() == {"/job/out.log"}
+    assert ProcInfo(pid=1, fds={"1": "pipe:[1234]", "2": None}).log_files() == set()
+    assert ProcInfo(pid=1).log_files() == set()

@@ -123,3 +123,15 @@ def test_record_redacts_command_lines_and_copied_logs(tmp_path):
     copy = out / meta["log_files"][str(log)]
     assert copy.stat().st_size == log.stat().st_size  # byte offsets in file events still hold
     assert "ok step 1" in copy.read_text() and "Authorization: Bearer <redacted>" in copy.read_text()
+
+
+def test_a_recording_keeps_the_clock_tick_rate_and_an_old_one_reads_as_100(tmp_path):
+    from hangd.snapshot import DEFAULT_CLK_TCK, ProcSample, Snapshot
+
+    with TraceWriter(tmp_path / "t") as w:
+        w.write(Snapshot(t=1.0, procs=[ProcSample(pid=5, utime=1000, stime=0, clk_tck=1000)]))
+    (p,) = next(iter(TraceReader(tmp_path / "t").snapshots())).procs
+    assert p.clk_tck == 1000
+    old = next(s for s in TraceReader(TRACES / "nccl_stall").snapshots() if s.procs)
+    assert all(q.clk_tck is None for q in old.procs)  # recorded before the rate was carried: 100
+    assert DEFAULT_CLK_TCK == 100

@@ -47,7 +47,8 @@ class Analyzer:
     def __init__(self, thresholds: Thresholds | None = None) -> None:
         self.th = thresholds or Thresholds()
         self.view = NodeView(self.th)
-        self.book = IncidentBook(keep_resolved=self.th.max_incidents_in_memory)
+        self.book = IncidentBook(keep_resolved=self.th.max_incidents_in_memory, refresh_s=self.th.incident_refresh_s,
+                                 timeline_kept=self.th.timeline_kept)
         self.progress = ProgressBook(self.th)
         self.tracks: dict[int, ProcTrack] = {}
         self.job_tracks: dict[str, JobTrack] = {}
@@ -248,7 +249,7 @@ class Analyzer:
             g = dq[-1][1]
             out.append({"index": idx, "uuid": g.uuid, "name": g.name, "util_gpu": g.util_gpu, "util_mem": g.util_mem,
                         "mem_used": g.mem_used, "mem_total": g.mem_total,
-                        "power_w": g.power_mw / 1000 if g.power_mw is not None else None, "temp_c": g.temp_c,
+                        "power_w": g.power_w, "temp_c": g.temp_c,
                         "sm_clock": g.sm_clock, "gpm": g.gpm, "processes": [{"pid": p.pid, "used": p.used} for p in g.procs],
                         **hardware.gpu_record(self.view.hw, idx, g, self.view.t)})
         return out

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from hangd.analysis import report
 from hangd.analysis.detectors import hang, mismatch
 from hangd.analysis.views import JobTrack
-from hangd.flightrec.analyze import Finding, analyze
+from hangd.flightrec.analyze import Finding, FindingKind, analyze
 from hangd.snapshot import RemoteDump, Snapshot
 
 if TYPE_CHECKING:
@@ -25,7 +25,7 @@ def fr_arrived(an: Analyzer, snap: Snapshot, t: float) -> set[str]:
     for d in snap.fr_dumps:
         if d.error is not None:
             an.unreadable += 1
-            an._finding({"t": round(t, 3), "kind": "unreadable", "pid": d.pid, "rank": d.rank,
+            an._finding({"t": round(t, 3), "kind": FindingKind.UNREADABLE, "pid": d.pid, "rank": d.rank,
                            "message": f"{d.path}: {d.error}", "source": d.source})
             continue
         dump = d.dump
@@ -100,7 +100,7 @@ def fr_analyze(an: Analyzer, job_id: str, t: float) -> None:
                else f"its newest flight-recorder dump{plural} (read at {report.clock(max(x.read_at for x in rds))}) "
                     f"{'are' if plural else 'is'} older than {an.th.node_stale_s:.0f} s")
         fr_finding(an, job_id, tr, Finding(
-            kind="node_silent", pg=None, seq=None, op=None, ranks=ranks, nodes={r: node for r in ranks},
+            kind=FindingKind.NODE_SILENT, pg=None, seq=None, op=None, ranks=ranks, nodes={r: node for r in ranks},
             message=f"{node}: {why}; the flight-recorder entries of its rank{plural} {', '.join(map(str, ranks))} "
                     "are not compared"), t)
     if len(dumps) < 2:
@@ -117,7 +117,7 @@ def fr_finding(an: Analyzer, job_id: str, tr: JobTrack, f: Finding, t: float) ->
         wider = next((i for i, x in enumerate(tr.findings) if _fr_key(x) == key and _fr_width(x) < _fr_width(f)), None)
         if wider is None:
             return
-    if f.kind in ("missing_rank", "stuck") and job_progressing(an, job_id, t):
+    if f.kind in (FindingKind.MISSING_RANK, FindingKind.STUCK) and job_progressing(an, job_id, t):
         return  # a dump of a job that still progresses catches collectives in flight
     tr.fr_keys.add(key)
     f.source = "flight_recorder"
@@ -166,7 +166,7 @@ def job_progressing(an: Analyzer, job_id: str, t: float) -> bool:
 
 
 def _fr_key(f: Finding) -> tuple[str, str | None, int | None, tuple[str, ...]]:
-    return f.kind, f.pg, f.seq, tuple(sorted(set(f.nodes.values()))) if f.kind == "node_silent" else ()
+    return f.kind, f.pg, f.seq, tuple(sorted(set(f.nodes.values()))) if f.kind == FindingKind.NODE_SILENT else ()
 
 
 def _fr_width(f: Finding) -> int:

@@ -41,7 +41,7 @@ def job_facts(an: Analyzer, jv: JobView) -> dict[str, Any]:
     # a pattern: at least two earlier waits in the window (one earlier blip is not one)
     recurring = tr.episode is not None and sum(
         1 for tt, c in tr.episodes
-        if tr.episode_start - th.straggler_window_s <= tt < tr.episode_start - 0.5 and c == tr.episode) >= 2
+        if tr.episode_start - th.straggler_window_s <= tt < tr.episode_start - 0.5 and c == tr.episode) >= th.straggler_recurring
     # a rank the waiting ones wait for is working: they wait for a peer that works
     peer_works = any((x := an.progress.of(o).last) is not None and x > tr.episode_start
                      and t - x <= th.progress_recent_s for o in jv.live if o not in waiting)
@@ -148,9 +148,10 @@ def child_works(an: Analyzer, pid: int, t: float) -> bool:
     if len(win) < 2:
         return False
     (t0, a), (t1, b) = win[0], win[-1]
-    if None in (a.utime, a.stime, b.utime, b.stime) or t1 <= t0:
+    used = b.cpu_seconds_between(a)
+    if used is None or t1 <= t0:
         return False
-    return ((b.utime + b.stime) - (a.utime + a.stime)) / 100.0 / (t1 - t0) >= an.th.busy_cpu_cores / 2  # type: ignore[operator]
+    return used / (t1 - t0) >= an.th.busy_cpu_cores / 2
 
 def waits_on(an: Analyzer, pid: int, jv: JobView) -> tuple[rankstate.WaitsOn, str]:
     """What it waits on, and for a worker of its own which one and what that one does."""

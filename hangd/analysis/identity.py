@@ -34,10 +34,10 @@ from typing import Any
 
 from hangd.analysis import owner
 from hangd.analysis.signals import NodeView, ProcHistory, Thresholds
+from hangd.snapshot import Role
 
 RANK_KEYS = ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID")
 DEFAULT_RUN_IDS = frozenset({"", "none", "default"})
-MAX_DEPTH = 4
 _LOG_RANK = re.compile(r"^\[rank(\d+)\]", re.M)
 # how servers name a worker's rank in its title or arguments: "sglang::scheduler_TP3", "TP3",
 # "--rank 3", "--tp-rank=3", "rank=3", "VllmWorker TP3 rank=3"
@@ -74,10 +74,11 @@ def env_rank(h: ProcHistory) -> str | None:
     return next((env[k] for k in RANK_KEYS if env.get(k) is not None), None)
 
 
-def ancestors(view: NodeView, h: ProcHistory, depth: int = MAX_DEPTH) -> list[ProcHistory]:
+def ancestors(view: NodeView, h: ProcHistory, depth: int | None = None) -> list[ProcHistory]:
+    """Up to ``depth`` (default: Thresholds.ancestor_depth) watched ancestors, nearest first."""
     out = []
     cur = h.first_ppid if h.first_ppid is not None else (lp.ppid if (lp := h.latest()) else None)
-    for _ in range(depth):
+    for _ in range(view.th.ancestor_depth if depth is None else depth):
         a = view.procs.get(cur) if cur else None
         if a is None or a.pid == h.pid:
             break
@@ -137,7 +138,7 @@ class _Ranker:
         if gpu or dist:
             return True
         lp = h.latest()
-        return lp is not None and lp.role == "worker"
+        return lp is not None and lp.role == Role.WORKER
 
     def launcher_of_ranks(self, h: ProcHistory, candidates: set[int]) -> bool:
         """A process without a rank of its own whose descendants are ranks with theirs: the launcher
@@ -174,9 +175,7 @@ def learn_log_ranks(view: NodeView) -> None:
 
 def log_targets(h: ProcHistory) -> set[str]:
     """The files a process writes its stdout/stderr to (one home for this, used everywhere)."""
-    if h.info is None or not h.info.fds:
-        return set()
-    return {v for v in h.info.fds.values() if v}
+    return h.info.log_files() if h.info is not None else set()
 
 
 def _arg_rank(h: ProcHistory) -> int | None:

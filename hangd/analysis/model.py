@@ -7,7 +7,7 @@ members compare equal to their strings, so stored and replayed data keep working
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
+from enum import IntEnum, StrEnum
 from typing import Any
 
 
@@ -65,6 +65,16 @@ LOCAL_TO_STATE: dict[Local, State] = {
     Local.LOADING: State.LOADING, Local.GRAPH_CAPTURE: State.GRAPH_CAPTURE, Local.COMPILING: State.COMPILING,
     Local.IO_WAIT: State.LOADING, Local.WRITING: State.BUSY, Local.WORKER_WAIT: State.IDLE,
 }
+
+
+class Strength(IntEnum):
+    """How strongly the evidence names a hang's culprit; a culprit found on evidence is kept until
+    stronger (or equal) evidence names another."""
+
+    INFERRED = 1  # the one rank not waiting with the others, no stack of it yet
+    STACK = 2  # ... and its stack shows it somewhere other than the collective
+    STOPPED = 3  # stopped (SIGSTOP, a debugger): it cannot be in the collective
+    FLIGHT_RECORDER = 4  # its flight-recorder dump shows it never entered the collective the others are in
 
 
 @dataclass(frozen=True, slots=True)

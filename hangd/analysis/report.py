@@ -68,14 +68,14 @@ def threads_gone(stacks: list[tuple[float, list[Any]]]) -> list[str]:
     return out
 
 
-def log_tails(view: NodeView, h_pid: int, lines: int = 20) -> list[str] | None:
+def log_tails(view: NodeView, h_pid: int, lines: int | None = None) -> list[str] | None:
     h = view.procs.get(h_pid)
     if h is None:
         return None
     for target in log_targets(h):
         fs = view.files.get(target)
         if fs is not None and fs.tail:
-            return [redact_text(x) for x in fs.tail.splitlines()[-lines:]]
+            return [redact_text(x) for x in fs.tail.splitlines()[-(view.th.log_lines_quoted if lines is None else lines):]]
     return None
 
 
@@ -160,5 +160,5 @@ def evidence(view: NodeView, tracks: dict[int, ProcTrack], job: Job, sigs: dict[
             if dq:
                 g = dq[-1][1]
                 ev["gpus"][str(idx)] = {"util_gpu": g.util_gpu, "util_mem": g.util_mem,
-                                        "power_w": g.power_mw / 1000 if g.power_mw is not None else None, "mem_used": g.mem_used, "gpm": g.gpm}
+                                        "power_w": g.power_w, "mem_used": g.mem_used, "gpm": g.gpm}
     return ev

@@ -15,11 +15,11 @@ from importlib import resources
 from typing import Any
 
 from hangd.analysis.hardware import HardwareLog
+from hangd.incidents import REFRESH_S, TIMELINE_KEPT
 from hangd.snapshot import FileSample, GpuSample, ProcInfo, ProcSample, Snapshot, StackSample
 
 COMPILE_COMMS = re.compile(r"^(ptxas|cc1|cc1plus|nvcc|cicc|gcc|g\+\+|clang|ld|as|ninja|compile_worker|triton)", re.I)
 MiB = 1024 * 1024
-HISTORY = 120  # readings kept per process
 GiB = 1024 * MiB
 
 
@@ -104,13 +104,44 @@ class Thresholds:
     exception_lookback_s: float = 300.0  # an exception in a log this long before a hang may be its cause
     straggler_quiet_after_s: float = 60.0  # a straggler incident resolves after this long without waits
     serve_job_quiet_s: float = 60.0  # history of a job kept this long after its last process went
-    gone_process_s: float = 120.0  # a gone process stays listed this long
+    # a process that exited stays listed (state "gone") this long, then the analysis forgets it
+    # (the setting of the same name)
+    gone_after_s: float = 120.0
     max_incidents_in_memory: int = 500  # resolved incidents kept in memory (the store keeps all)
     max_findings_in_memory: int = 500
     # a job that spans nodes: another node whose hangd last reported longer ago than this has
-    # stopped reporting; its ranks are named as unknown, never blamed
+    # stopped reporting; its ranks are named as unknown, never blamed. Heartbeats come every 2 s
+    # (heartbeat_s): 15 s is seven missed in a row (chosen, not measured). The one default: the
+    # setting, the store and the job views take it from here.
     node_stale_s: float = 15.0
     max_changes_in_memory: int = 2000
+    # incidents: an open incident's ticking figures ("has waited 41 s") change every tick and
+    # reach the store and watchers this often, not on every tick (what a person reads changing
+    # goes out at once); an incident's timeline keeps its first entry and this many newest
+    # (chosen, not measured)
+    incident_refresh_s: float = REFRESH_S
+    timeline_kept: int = TIMELINE_KEPT
+    # stragglers: a wait is a pattern when at least this many earlier waits of the same ranks fell in
+    # straggler_window_s (one earlier blip is not one), and is blamed only while the waiting ranks
+    # progressed in at least this many distinct seconds since the first wait (they do get through;
+    # the recorded straggler traces, tests/data/traces, show it every step)
+    straggler_recurring: int = 2
+    straggler_progressed_secs: int = 3
+    # memory: readings kept per process, 120: the widest window (io_window_s) at 4 readings a second
+    # with room to spare; what needs older readings is remembered instead (600 readings of every
+    # watched process were most of a long-running daemon's memory). GPU readings per GPU: 1200.
+    history_readings: int = 120
+    gpu_history_readings: int = 1200
+    # bounds on what is kept, chosen, not measured: stack captures per process (a stack that stands
+    # still between two captures is the evidence), exception lines per log, log lines an incident quotes
+    stacks_kept: int = 6
+    exceptions_kept: int = 8
+    log_lines_quoted: int = 20
+    # process trees: how far up a process's ancestors are walked for its launcher and its rank, and
+    # for the rank a compile worker (ptxas, cc1, inductor's workers) works for; torchrun puts its
+    # ranks directly under it, so 4 leaves room for a wrapper script or two (chosen, not measured)
+    ancestor_depth: int = 4
+    compile_worker_depth: int = 4
 
 
 @lru_cache(maxsize=1)
@@ -148,7 +179,7 @@ class FileState:
     tail: str = ""
     # exception lines (the last line of a traceback, "RuntimeError: ..."), with when they appeared;
     # None as the time: already in the file when hangd first read it
-    exceptions: deque[tuple[float | None, str]] = field(default_factory=lambda: deque(maxlen=8))
+    exceptions: deque[tuple[float | None, str]] = field(default_factory=lambda: deque(maxlen=Thresholds.exceptions_kept))
 
 
 # The last line of a Python traceback: "RuntimeError: mat1 and mat2 shapes cannot be multiplied".
@@ -176,10 +207,8 @@ def exception_lines(text: str) -> list[str]:
 class ProcHistory:
     pid: int
     first_seen: float
-    # 120 readings: the widest window (io_window_s) at 4 readings a second with room to spare.
-    # What needs older readings is remembered instead (``wrote``): 600 readings of every
-    # watched process were most of a long-running daemon's memory.
-    samples: deque[tuple[float, ProcSample]] = field(default_factory=lambda: deque(maxlen=HISTORY))
+    # Thresholds.history_readings of them; what needs older readings is remembered instead (``wrote``)
+    samples: deque[tuple[float, ProcSample]] = field(default_factory=lambda: deque(maxlen=Thresholds.history_readings))
     wrote: dict[tuple[float, float], bool | None] = field(default_factory=dict)
     info: ProcInfo | None = None
     stacks: list[tuple[float, list[StackSample]]] = field(default_factory=list)
@@ -218,7 +247,9 @@ class NodeView:
             self.gpu_of = {}
             self.hw.feed(snap)
         for g in snap.gpus:
-            dq = self.gpus.setdefault(g.index, deque(maxlen=1200))
+            dq = self.gpus.get(g.index)
+            if dq is None:
+                dq = self.gpus[g.index] = deque(maxlen=self.th.gpu_history_readings)
             dq.append((t, g))
             for gp in g.procs:
                 self.gpu_of.setdefault(gp.pid, {})[g.index] = gp.used
@@ -258,7 +289,7 @@ class NodeView:
             for pid, ss in by_pid.items():
                 h = self._proc(pid, t)
                 h.stacks.append((t, ss))
-                del h.stacks[:-6]
+                del h.stacks[:-self.th.stacks_kept]
                 self.new_stacks.append(pid)
         if snap.procs:
             self._count_compile_workers()
@@ -268,8 +299,8 @@ class NodeView:
     def _count_writers(self) -> None:
         self.writers = {}
         for h in self.procs.values():
-            if h.gone_at is None and h.info is not None and h.info.fds:
-                for target in {v for v in h.info.fds.values() if v}:
+            if h.gone_at is None and h.info is not None:
+                for target in h.info.log_files():
                     self.writers[target] = self.writers.get(target, 0) + 1
 
     def _count_compile_workers(self) -> None:
@@ -285,13 +316,13 @@ class NodeView:
             # a warm pool of compile workers sits idle after compiling: count only busy ones
             if len(h.samples) >= 2:
                 (t0, a), (t1, b) = h.samples[-2], h.samples[-1]
-                if None in (a.utime, a.stime, b.utime, b.stime) or t1 <= t0 or \
-                        ((b.utime + b.stime) - (a.utime + a.stime)) / 100.0 / (t1 - t0) < self.th.compile_worker_cores:  # type: ignore[operator]
+                used = b.cpu_seconds_between(a)
+                if used is None or t1 <= t0 or used / (t1 - t0) < self.th.compile_worker_cores:
                     continue
             elif lp.comm and not COMPILE_COMMS.search(lp.comm):
                 continue
             cur = lp.ppid
-            for _ in range(4):
+            for _ in range(self.th.compile_worker_depth):
                 if not cur or cur <= 1:
                     break
                 self.compile_children[cur] = self.compile_children.get(cur, 0) + 1
@@ -302,11 +333,13 @@ class NodeView:
     def _proc(self, pid: int, t: float) -> ProcHistory:
         h = self.procs.get(pid)
         if h is None:
-            h = self.procs[pid] = ProcHistory(pid=pid, first_seen=t)
+            h = self.procs[pid] = ProcHistory(pid=pid, first_seen=t, samples=deque(maxlen=self.th.history_readings))
         return h
 
     def _file(self, f: FileSample, t: float) -> None:
-        st = self.files.setdefault(f.path, FileState())
+        st = self.files.get(f.path)
+        if st is None:
+            st = self.files[f.path] = FileState(exceptions=deque(maxlen=self.th.exceptions_kept))
         if f.size is None:
             return
         if st.size is not None and f.size > st.size:
@@ -336,10 +369,10 @@ class NodeView:
         st.size = f.size
 
     def _trim(self, t: float) -> None:
-        """Bound memory: a process gone for ``gone_process_s`` leaves, and with it what is kept by
+        """Bound memory: a process gone for ``gone_after_s`` leaves, and with it what is kept by
         its pid or by the logs only it wrote (a node that starts jobs all day sees a new pid, and
         often a new log file, every few seconds)."""
-        gone = [p for p, h in self.procs.items() if h.gone_at is not None and t - h.gone_at > self.th.gone_process_s]
+        gone = [p for p, h in self.procs.items() if h.gone_at is not None and t - h.gone_at > self.th.gone_after_s]
         for pid in gone:
             del self.procs[pid]
             self.log_ranks.pop(pid, None)
@@ -351,8 +384,7 @@ class NodeView:
             del self.gpu_seen_at[pid]
         # a log is read through the processes that write it (their fds): one no process here
         # writes is never read again
-        written = {target for h in self.procs.values() if h.info is not None and h.info.fds
-                   for target in h.info.fds.values() if target}
+        written = {target for h in self.procs.values() if h.info is not None for target in h.info.log_files()}
         for path in [p for p in self.files if p not in written]:
             del self.files[path]
 
@@ -447,7 +479,7 @@ def gpu_signals(samples: list[GpuSample], th: Thresholds) -> GpuSignals:
         return s
     s.util = _mean([g.util_gpu for g in samples if g.util_gpu is not None])
     s.util_mem = _mean([g.util_mem for g in samples if g.util_mem is not None])
-    s.power_w = _mean([g.power_mw / 1000 for g in samples if g.power_mw is not None])
+    s.power_w = _mean([w for g in samples if (w := g.power_w) is not None])
     gpm = [g.gpm for g in samples if g.gpm]
     if gpm:
         s.has_gpm = True
@@ -573,8 +605,9 @@ def proc_signals(view: NodeView, pid: int, t: float, th: Thresholds) -> ProcSign
     if len(win) >= 2:
         (t0, a), (t1, b) = win[0], win[-1]
         dt = max(t1 - t0, 1e-3)
-        if None not in (a.utime, a.stime, b.utime, b.stime):
-            sig.cpu_cores = ((b.utime + b.stime) - (a.utime + a.stime)) / 100.0 / dt  # type: ignore[operator]
+        cpu_s = b.cpu_seconds_between(a)
+        if cpu_s is not None:
+            sig.cpu_cores = cpu_s / dt
         if a.io and b.io:
             for key, attr in (("read_bytes", "read_per_s"), ("write_bytes", "write_per_s"),
                               ("rchar", "rchar_per_s"), ("wchar", "wchar_per_s")):
@@ -612,8 +645,8 @@ def proc_signals(view: NodeView, pid: int, t: float, th: Thresholds) -> ProcSign
         elif len(used) >= 2:
             sig.gpu_mem_change = used[-1] - used[0]
             sig.gpu_mem_rate = sig.gpu_mem_change / th.window_s
-    if h.info and h.info.fds:
-        for target in {v for v in h.info.fds.values() if v}:
+    if h.info:
+        for target in h.info.log_files():
             fs = view.files.get(target)
             if fs is None or fs.grew_at is None:
                 continue

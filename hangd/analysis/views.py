@@ -9,8 +9,8 @@ from typing import Any
 
 from hangd.analysis import stackcat
 from hangd.analysis.identity import Job
-from hangd.analysis.model import Local, Reading, State
-from hangd.analysis.signals import ProcSignals
+from hangd.analysis.model import Local, Reading, State, Strength
+from hangd.analysis.signals import ProcSignals, Thresholds
 from hangd.snapshot import RemoteRank
 
 
@@ -39,7 +39,7 @@ class ProcTrack:
 @dataclass
 class Culprit:
     pids: list[int]
-    strength: int  # flight recorder 4 > stopped / RAS 3 > stack or state 2 > inferred 1
+    strength: Strength
     source: str
     remote: list[RemoteRank] = field(default_factory=list)  # ranks on other nodes, as their node reports them
 
@@ -84,7 +84,7 @@ class JobView:
     last_strong: float | None
     # a job that spans nodes: its ranks on other nodes, as those nodes' hangd last reported them
     remote: list[RemoteRank] = field(default_factory=list)
-    node_stale_s: float = 15.0
+    node_stale_s: float = Thresholds.node_stale_s
 
     def remote_stale(self, r: RemoteRank) -> bool:
         """Its node's hangd stopped reporting: what it said last is not evidence any more."""

@@ -9,6 +9,7 @@ gives no false ``missing_rank``.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from hangd.flightrec.reader import Dump, Entry
@@ -27,9 +28,25 @@ def _size_checked(op: str) -> bool:
     return any(b == s or b.startswith(s + "_coalesced") for s in SIZE_CHECKED)
 
 
+class FindingKind(StrEnum):
+    """What a cross-rank finding says (``StrEnum``: stored findings keep their strings)."""
+
+    MISSING_RANK = "missing_rank"  # ranks wait in a collective that others never entered
+    OP_MISMATCH = "op_mismatch"  # ranks issued different ops at one sequence number
+    SIZE_MISMATCH = "size_mismatch"
+    DTYPE_MISMATCH = "dtype_mismatch"
+    STUCK = "stuck"  # every rank entered the collective and none completed it
+    UNREADABLE = "unreadable"  # a dump that could not be decoded
+    MISSING_DUMP = "missing_dump"  # ranks of a group whose dumps are not there
+    NODE_SILENT = "node_silent"  # a job that spans nodes: a node whose hangd stopped reporting
+
+
+MISMATCH_KINDS = (FindingKind.OP_MISMATCH, FindingKind.SIZE_MISMATCH, FindingKind.DTYPE_MISMATCH)
+
+
 @dataclass
 class Finding:
-    kind: str  # missing_rank | op_mismatch | size_mismatch | dtype_mismatch | stuck | unreadable | missing_dump | node_silent
+    kind: str  # a FindingKind
     pg: str | None
     seq: int | None
     op: str | None
@@ -90,7 +107,7 @@ def analyze(dumps: list[Dump], errors: dict[int | str, str] | None = None,
     names = _Names(nodes)
     findings: list[Finding] = []
     for who, why in (errors or {}).items():
-        findings.append(Finding(kind="unreadable", pg=None, seq=None, op=None,
+        findings.append(Finding(kind=FindingKind.UNREADABLE, pg=None, seq=None, op=None,
                                 ranks=[who] if isinstance(who, int) else [],
                                 message=f"rank {who}: {why}" if isinstance(who, int) else f"{who}: {why}"))
     by_rank = {d.rank: d for d in dumps if d.rank is not None}
@@ -130,7 +147,7 @@ def missing_dumps(dumps: list[Dump], errors: dict[int | str, str] | None = None)
         given = sorted(members[pg] & set(by_rank))
         label = f"{pg} ({desc[pg]})" if desc[pg] and desc[pg] != pg else pg
         out.append(Finding(
-            kind="missing_dump", pg=pg, seq=None, op=None, ranks=given, missing_ranks=missing,
+            kind=FindingKind.MISSING_DUMP, pg=pg, seq=None, op=None, ranks=given, missing_ranks=missing,
             message=(f"pg {label} has {len(members[pg])} ranks; no dump was given for "
                      f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))}, so the "
                      f"collectives of rank{'s' if len(given) > 1 else ''} {', '.join(map(str, given))} "
@@ -171,7 +188,7 @@ def _analyze_group(pg_key: str, dumps: dict[int, Dump], names: _Names | None = N
             reported_missing = True
             waiting = sorted(have)
             out.append(Finding(
-                kind="missing_rank", pg=pg, seq=seq, op=ref.op, ranks=waiting, missing_ranks=never,
+                kind=FindingKind.MISSING_RANK, pg=pg, seq=seq, op=ref.op, ranks=waiting, missing_ranks=never,
                 ops={r: e.op for r, e in have.items()}, sizes={r: e.input_sizes for r, e in have.items()},
                 dtypes={r: e.input_dtypes for r, e in have.items()}, frames=ref.frames, numel=ref.numel(),
                 created_ns=max((e.time_created_ns or 0) for e in have.values()) or None,
@@ -189,18 +206,18 @@ def _analyze_group(pg_key: str, dumps: dict[int, Dump], names: _Names | None = N
                                       dtypes={r: e.input_dtypes for r, e in have.items()},
                                       frames=ref.frames, numel=ref.numel(), nodes=names.relevant(have))
         if len(set(ops.values())) > 1:
-            out.append(Finding(kind="op_mismatch", message=f"ranks issued different ops for seq {seq} in pg {label}: "
+            out.append(Finding(kind=FindingKind.OP_MISMATCH, message=f"ranks issued different ops for seq {seq} in pg {label}: "
                                + ", ".join(f"rank {names.one(r)}: {o}" for r, o in sorted(ops.items())), **kwargs))
             continue
         if _size_checked(ref.op):
             sizes = {r: repr(e.input_sizes) for r, e in have.items()}
             if len(set(sizes.values())) > 1:
-                out.append(Finding(kind="size_mismatch", message=f"{_base_op(ref.op)} #{seq} in pg {label} has different sizes: "
+                out.append(Finding(kind=FindingKind.SIZE_MISMATCH, message=f"{_base_op(ref.op)} #{seq} in pg {label} has different sizes: "
                                    + ", ".join(f"rank {names.one(r)}: {e.input_sizes}" for r, e in sorted(have.items())),
                                    **kwargs))
         dts = {r: repr(e.input_dtypes) for r, e in have.items()}
         if len(set(dts.values())) > 1:
-            out.append(Finding(kind="dtype_mismatch", message=f"{_base_op(ref.op)} #{seq} in pg {label} has different dtypes: "
+            out.append(Finding(kind=FindingKind.DTYPE_MISMATCH, message=f"{_base_op(ref.op)} #{seq} in pg {label} has different dtypes: "
                                + ", ".join(f"rank {names.one(r)}: {e.input_dtypes}" for r, e in sorted(have.items())),
                                **kwargs))
     # stuck: every rank enqueued the same seq, none completed it
@@ -210,7 +227,7 @@ def _analyze_group(pg_key: str, dumps: dict[int, Dump], names: _Names | None = N
         have = {r: seqs[r][seq] for r in dumps}
         if not any(e.completed for e in have.values()):
             ref = next(iter(have.values()))
-            out.append(Finding(kind="stuck", pg=pg, seq=seq, op=ref.op, ranks=sorted(have),
+            out.append(Finding(kind=FindingKind.STUCK, pg=pg, seq=seq, op=ref.op, ranks=sorted(have),
                                ops={r: e.op for r, e in have.items()},
                                sizes={r: e.input_sizes for r, e in have.items()},
                                dtypes={r: e.input_dtypes for r, e in have.items()},

@@ -8,7 +8,6 @@ import math
 import os
 import pwd
 import re
-import stat
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +18,7 @@ from hangd.flightrec.safepickle import (
     max_nodes_for,
     safe_loads,
 )
+from hangd.safefile import NotRegularFile, TooLarge, read_regular
 
 MAX_DUMP_BYTES = 64 * 1024 * 1024
 _RANK_SUFFIX = re.compile(r"(\d+)$")
@@ -276,20 +276,12 @@ def rank_from_name(path: str) -> int | None:
 def read_file(path: str, rank: int | None = None, cap: int = MAX_DUMP_BYTES) -> Dump:
     """Open without following symlinks, refuse non-regular and oversized files, report the owner."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        data, st = read_regular(path, cap)
+    except (NotRegularFile, TooLarge) as e:
+        raise DumpError(str(e)) from e
     except OSError as e:
         raise DumpError(f"cannot open: {os.strerror(e.errno) if e.errno else e}"
                         + (" (a symlink; hangd does not follow them)" if e.errno == 40 else "")) from e
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise DumpError("not a regular file")
-        if st.st_size > cap:
-            raise DumpError(f"{st.st_size} bytes is over the {cap}-byte cap")
-        with os.fdopen(os.dup(fd), "rb") as f:
-            data = f.read(cap + 1)
-    finally:
-        os.close(fd)
     try:
         owner = pwd.getpwuid(st.st_uid).pw_name
     except KeyError:

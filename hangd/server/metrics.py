@@ -240,18 +240,20 @@ class HangdCollector(Collector):
             lab = [str(idx), g.uuid or ""]
             if g.util_gpu is not None:
                 fams["util"].add_metric(lab, g.util_gpu / 100.0)
-            if g.gpm:
-                fams["sm"].add_metric(lab, g.gpm.get("SM_UTIL", 0.0) / 100.0)
-                fams["tensor"].add_metric(lab, g.gpm.get("ANY_TENSOR_UTIL", 0.0) / 100.0)
-                fams["dram"].add_metric(lab, g.gpm.get("DRAM_BW_UTIL", 0.0) / 100.0)
-                nv = g.gpm.get("NVLINK_TOTAL_TX_PER_SEC", 0.0) + g.gpm.get("NVLINK_TOTAL_RX_PER_SEC", 0.0)
+            # a GPM value NVML did not give this time is left out, not exported as 0
+            gpm = g.gpm or {}
+            for fam, key in (("sm", "SM_UTIL"), ("tensor", "ANY_TENSOR_UTIL"), ("dram", "DRAM_BW_UTIL")):
+                if key in gpm:
+                    fams[fam].add_metric(lab, gpm[key] / 100.0)
+            if "NVLINK_TOTAL_TX_PER_SEC" in gpm and "NVLINK_TOTAL_RX_PER_SEC" in gpm:
+                nv = gpm["NVLINK_TOTAL_TX_PER_SEC"] + gpm["NVLINK_TOTAL_RX_PER_SEC"]
                 fams["nvlink"].add_metric(lab, nv * 1024 * 1024)
             if g.mem_used is not None:
                 fams["mem"].add_metric(lab, float(g.mem_used))
             if g.mem_total is not None:
                 fams["memt"].add_metric(lab, float(g.mem_total))
-            if g.power_mw is not None:
-                fams["power"].add_metric(lab, g.power_mw / 1000.0)
+            if (watts := g.power_w) is not None:
+                fams["power"].add_metric(lab, watts)
         yield from fams.values()
         yield from self._gpu_health(latest)
 

@@ -153,7 +153,7 @@ class Daemon:
         if snap.gpus:
             batch.gpus = [{"index": g.index, "uuid": g.uuid, "name": g.name, "mem_total": g.mem_total,
                            "util_gpu": g.util_gpu, "gpm": g.gpm, "mem_used": g.mem_used,
-                           "power_w": g.power_mw / 1000 if g.power_mw is not None else None} for g in snap.gpus]
+                           "power_w": g.power_w} for g in snap.gpus]
         self.store.submit(batch)
         if now - self._last_retention >= RETENTION_EVERY_S:
             self._last_retention = now

@@ -16,6 +16,7 @@ import stat
 import time
 from dataclasses import dataclass, field
 
+from hangd.safefile import NotRegularFile, TooLarge, read_regular
 from hangd.snapshot import FrDump, ProcInfo, Snapshot
 
 MAX_DUMP_BYTES = 64 * 1024 * 1024
@@ -45,25 +46,11 @@ def pipe_path(env: dict[str, str], rank: int) -> str | None:
 def read_capped(path: str, cap: int = MAX_DUMP_BYTES) -> tuple[bytes | None, str | None]:
     """Read a file without following a symlink, at most ``cap`` bytes. (data, error)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        return read_regular(path, cap)[0], None
+    except (NotRegularFile, TooLarge) as e:
+        return None, f"{path}: {e}"
     except OSError as e:
         return None, f"{path}: {os.strerror(e.errno) if e.errno else e}"
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return None, f"{path}: not a regular file"
-        if st.st_size > cap:
-            return None, f"{path}: {st.st_size} bytes is over the {cap}-byte cap"
-        chunks, total = [], 0
-        while total <= cap:
-            b = os.read(fd, 1 << 20)
-            if not b:
-                break
-            chunks.append(b)
-            total += len(b)
-        return b"".join(chunks)[: cap + 1], None
-    finally:
-        os.close(fd)
 
 
 @dataclass

@@ -10,6 +10,7 @@ import os
 import stat
 from dataclasses import dataclass, field
 
+from hangd.safefile import read_tail
 from hangd.snapshot import FileSample, Snapshot
 
 
@@ -41,9 +42,8 @@ class OutputSource:
 
     def collect(self, snap: Snapshot) -> None:
         for info in snap.infos:
-            for target in (info.fds or {}).values():
-                if target and target.startswith("/") and not target.startswith("/dev/"):
-                    self._paths.setdefault(info.pid, set()).add(target)
+            for target in info.log_files():
+                self._paths.setdefault(info.pid, set()).add(target)
         gone = [p.pid for p in snap.procs if p.gone]
         for pid in gone:
             self._paths.pop(pid, None)
@@ -72,9 +72,8 @@ class OutputSource:
                 tail = None
                 if size != self._sizes.get(path):
                     try:
-                        with open(real, "rb") as f:
-                            f.seek(max(0, size - self.tail_bytes))
-                            tail = f.read(self.tail_bytes).decode("utf-8", "replace")
+                        # by descriptor: a FIFO swapped in after the stat above must not block the tick
+                        tail = read_tail(real, self.tail_bytes)[0].decode("utf-8", "replace")
                     except OSError:
                         tail = None
                 self._sizes[path] = size

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from hangd.redact import DEFAULT_ENV_KEEP, filter_environ, redact_cmdline
-from hangd.snapshot import ProcInfo, ProcSample, Snapshot
+from hangd.snapshot import ProcInfo, ProcSample, Role, Snapshot
 from hangd.sources.base import Unavailable
 from hangd.sources.kube import PodResolver, parse_kube_cgroup, status_uid, user_name
 
@@ -73,29 +73,10 @@ def _read(path: str) -> str | None:
     return b.decode("utf-8", "replace") if b is not None else None
 
 
-def parse_stat(text: str) -> dict[str, object] | None:
-    """Fields of /proc/PID/stat that hangd uses; None if malformed."""
-    lp, rp = text.find("("), text.rfind(")")
-    if lp < 0 or rp < 0:
-        return None
-    rest = text[rp + 2 :].split()
-    if len(rest) < 22:
-        return None
-    return {
-        "comm": text[lp + 1 : rp],
-        "state": rest[0],
-        "ppid": int(rest[1]),
-        "utime": int(rest[11]),
-        "stime": int(rest[12]),
-        "threads": int(rest[17]),
-        "starttime_ticks": int(rest[19]),
-        "rss_bytes": int(rest[21]) * PAGE_SIZE,
-    }
-
-
 def _stat_fields(b: bytes) -> tuple[bytes, list[bytes]] | None:
-    """(comm, the fields after it) of a /proc/PID/stat read as bytes; None if malformed. The hot
-    path's parser: no text decoding, no dict."""
+    """(comm, the fields after it) of a /proc/PID/stat read as bytes; None if malformed. The one
+    parser of the file; the hot path (``read_sample``) takes the fields as they are: no text
+    decoding, no dict."""
     lp, rp = b.find(b"("), b.rfind(b")")
     if lp < 0 or rp < 0:
         return None
@@ -103,6 +84,24 @@ def _stat_fields(b: bytes) -> tuple[bytes, list[bytes]] | None:
     if len(rest) < 22:
         return None
     return b[lp + 1 : rp], rest
+
+
+def parse_stat(text: str | bytes) -> dict[str, object] | None:
+    """Fields of /proc/PID/stat that hangd uses; None if malformed."""
+    f = _stat_fields(text.encode() if isinstance(text, str) else text)
+    if f is None:
+        return None
+    comm, rest = f
+    return {
+        "comm": comm.decode("utf-8", "replace"),
+        "state": rest[0].decode(),
+        "ppid": int(rest[1]),
+        "utime": int(rest[11]),
+        "stime": int(rest[12]),
+        "threads": int(rest[17]),
+        "starttime_ticks": int(rest[19]),
+        "rss_bytes": int(rest[21]) * PAGE_SIZE,
+    }
 
 
 def _status_field(b: bytes, key: bytes) -> int | None:
@@ -236,7 +235,7 @@ class ProcSource:
             self._forget(gone)
         now = time.monotonic()
         for pid in pids - set(self._known):
-            st = parse_stat(_read(self._p(pid, "stat")) or "")
+            st = parse_stat(_read_bytes(self._p(pid, "stat")) or b"")
             if st is None:
                 continue
             k = _Known(ppid=int(st["ppid"]), comm=str(st["comm"]), start_ticks=int(st["starttime_ticks"]),  # type: ignore[call-overload]
@@ -358,7 +357,7 @@ class ProcSource:
         start = old.start_time if old is not None and old.start_time is not None and prev is not None \
             and prev[0][5] == rest[19] else self.boot_time() + int(rest[19]) / CLK_TCK
         s = ProcSample(pid=pid, ppid=int(rest[1]), comm=comm, state=state, utime=utime, stime=stime, threads=threads,
-                       rss_bytes=rss, start_time=start)
+                       rss_bytes=rss, start_time=start, clk_tck=CLK_TCK)
         # A process whose stat did not move (same CPU time, state, threads, memory) did nothing
         # since the last tick: reuse the rest of its last reading instead of four more reads, and
         # read everything anyway every QUIET_REFRESH_S. Most watched processes sleep most of the time.
@@ -372,7 +371,7 @@ class ProcSource:
             # microseconds of CPU (an idle server's loop) shows only in the second. A rank's child
             # (data loader, compile worker) whose stat did not move reads them every CHILD_EVERY_S:
             # no decision waits on its wake-ups, and a node runs many of them.
-            if role == "child" and now - prev[3] < CHILD_EVERY_S:
+            if role == Role.CHILD and now - prev[3] < CHILD_EVERY_S:
                 s.voluntary_ctxt_switches = old.voluntary_ctxt_switches
                 s.nonvoluntary_ctxt_switches = old.nonvoluntary_ctxt_switches
                 s.io = old.io
@@ -443,7 +442,7 @@ class ProcSource:
         return counts or None
 
     def read_info(self, pid: int) -> ProcInfo | None:
-        st = parse_stat(_read(self._p(pid, "stat")) or "")
+        st = parse_stat(_read_bytes(self._p(pid, "stat")) or b"")
         if st is None:
             return None
         info = ProcInfo(pid=pid, ppid=int(st["ppid"]))  # type: ignore[call-overload]
@@ -481,7 +480,7 @@ class ProcSource:
                 info.pod = PodResolver(self.pod_log_dir).resolve(pod, info.environ)
         return info
 
-    def _role(self, pid: int, k: _Known, watched: set[int], gpu_pids: set[int]) -> str:
+    def _role(self, pid: int, k: _Known, watched: set[int], gpu_pids: set[int]) -> Role:
         """worker (a rank), launcher (the parent of ranks) or child (compile workers, data loaders:
         they inherit a rank's environment but are not ranks)."""
         anc, cur = [], k.ppid
@@ -492,15 +491,15 @@ class ProcSource:
             anc.append(cur)
             cur = a.ppid
         if k.rank is not None and any(self._known[a].rank == k.rank for a in anc):
-            return "child"  # it inherited a rank's environment (data loader, compile worker)
+            return Role.CHILD  # it inherited a rank's environment (data loader, compile worker)
         if pid in gpu_pids or k.dist_threads:
-            return "worker"  # its own GPU memory or its own gloo/NCCL threads, whatever its ancestors hold
+            return Role.WORKER  # its own GPU memory or its own gloo/NCCL threads, whatever its ancestors hold
         if any(a in gpu_pids for a in anc):
-            return "child"
+            return Role.CHILD
 
         if pid in self._rank_parents:
-            return "launcher"
-        return "worker" if k.job_env else "child"
+            return Role.LAUNCHER
+        return Role.WORKER if k.job_env else Role.CHILD
 
     def collect(self, snap: Snapshot) -> None:
         gpu_pids = {p.pid for g in snap.gpus for p in g.procs}

@@ -77,10 +77,8 @@ class TraceWriter:
             rank = (info.environ or {}).get("RANK")
             if rank is not None and rank.isdigit():
                 self._ranks[rank] = info.pid
-            for fd in ("1", "2"):
-                target = (info.fds or {}).get(fd)
-                if target and target.startswith("/") and target not in self._logs:
-                    self._logs[target] = ""
+            for target in info.log_files():
+                self._logs.setdefault(target, "")
             self._emit({"t": t, "kind": "proc_info", **d})
         for p in snap.procs:
             d = _clean(dataclasses.asdict(p))

@@ -161,7 +161,7 @@ def test_memory_stays_bounded_under_job_churn():
     from hangd.analysis.engine import Analyzer
     from hangd.analysis.signals import Thresholds
 
-    an = Analyzer(Thresholds(gone_process_s=10.0, max_changes_in_memory=200, serve_job_quiet_s=10.0))
+    an = Analyzer(Thresholds(gone_after_s=10.0, max_changes_in_memory=200, serve_job_quiet_s=10.0))
     node = Node([], analyzer=an)
     churn(node, 60)
     assert len(an.tracks) <= 10 and len(an.job_tracks) <= 5, (len(an.tracks), len(an.job_tracks))

@@ -23,7 +23,8 @@ from ..fleet.nodes import torchrun, two_nodes, wait_for
 from ..server.conftest import free_port, postgres_url  # noqa: F401 - the fixture
 from .prom import FLEET, RULES, exprs, prometheus, query, query_range, subst
 
-pytestmark = pytest.mark.skipif(not torch_available(), reason="torch is a test dependency")
+pytestmark = [pytest.mark.skipif(not torch_available(), reason="torch is a test dependency"),
+              pytest.mark.torchrun, pytest.mark.postgres, pytest.mark.prometheus]
 BOARD = json.loads(FLEET.read_text())
 PANELS = {p["title"]: p for p in BOARD["panels"]}
 

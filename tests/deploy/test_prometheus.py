@@ -34,6 +34,7 @@ def promtool() -> str:
     return p
 
 
+@pytest.mark.prometheus
 def test_promtool_checks_and_unit_tests_pass():
     out = subprocess.run([promtool(), "check", "rules", str(RULES)], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -152,6 +153,7 @@ def _metrics(stack) -> str:
     return stack["hangd"].get("/metrics", headers={"Authorization": f"Bearer {READ}"}).text
 
 
+@pytest.mark.prometheus
 def test_hung_job_alert_fires_from_a_real_scrape(stack):
     hung = [a for a in stack["alerts"] if a["labels"]["alertname"] == "HangdJobHung"]
     assert hung, (stack["tmp"] / "prom.log").read_text()[-2000:]
@@ -166,6 +168,7 @@ def test_hung_job_alert_fires_from_a_real_scrape(stack):
     assert got["kind"] == "nccl_stall"
 
 
+@pytest.mark.prometheus
 def test_the_fired_alerts_links_open_without_a_token_and_cannot_ack(stack):
     """What a person on call clicks: the incident link of the fired alert opens in a browser (no
     header: its signature is the read-only credential), the runbook too; neither the link nor the
@@ -194,17 +197,20 @@ def test_the_fired_alerts_links_open_without_a_token_and_cannot_ack(stack):
     assert httpx.get(link, timeout=10).json()["acked"] is True
 
 
+@pytest.mark.prometheus
 def test_time_to_detect_is_a_histogram(stack):
     text = _metrics(stack)
     assert re.search(r'^hangd_incident_detection_seconds_bucket\{kind="nccl_stall",le="\+Inf"\} 1\.0$', text, re.M)
     assert not re.search(r"^hangd_incident_detection_seconds\{", text, re.M)  # no gauge per incident
 
 
+@pytest.mark.prometheus
 @pytest.mark.parametrize("where,expr", _exprs(), ids=[w for w, _ in _exprs()])
 def test_every_dashboard_query_returns_data(stack, where, expr):
     assert query_range(stack["prom"], subst(expr), stack["start"]), f"{where}: no data for {subst(expr)}"
 
 
+@pytest.mark.prometheus
 def test_every_metric_named_by_dashboards_and_rules_exists(stack):
     text = _metrics(stack)
     exported = set(re.findall(r"^# TYPE (\w+) ", text, re.M))
@@ -228,6 +234,7 @@ def test_every_metric_named_by_dashboards_and_rules_exists(stack):
     assert Path(RULES).exists()
 
 
+@pytest.mark.prometheus
 def test_metrics_lint_and_carry_no_job_label(stack):
     text = _metrics(stack)
     res = subprocess.run([promtool(), "check", "metrics"], input=text, capture_output=True, text=True)
@@ -252,6 +259,7 @@ def test_series_of_gone_processes_go_after_the_setting_and_a_cap_holds():
     assert len(kept) == 2 and b.dropped_total["cap"] == 3 * SERIES_PER_PROCESS
 
 
+@pytest.mark.prometheus
 def test_the_fleet_board_shows_a_job_of_one_node_too(stack):
     """A job on one node has no per-node series: the fleet board's table still says its state, one
     node and its ranks (the 2-rank nccl_stall replay)."""
@@ -273,6 +281,7 @@ def _reference() -> dict[str, tuple[str, set[str], str]]:
     return {name: (typ, set(re.findall(r"`(\w+)`", labels)), what.strip()) for name, typ, labels, what in rows}
 
 
+@pytest.mark.prometheus
 def test_the_metrics_reference_is_what_metrics_exposes(stack):
     """docs/metrics.md names every family a real hangd exposes, with its type and labels, and
     nothing it does not (the families of jobs that span nodes: tests/fleet scrapes them)."""
@@ -299,6 +308,7 @@ def test_the_metrics_reference_is_what_metrics_exposes(stack):
     assert {"hangd_incident_opened_timestamp_seconds", "hangd_incident_info", "hangd_process_state"} <= set(labels)
 
 
+@pytest.mark.prometheus
 def test_the_dcgm_joins_of_the_reference_hold(tmp_path):
     """The two PromQL joins with dcgm-exporter's series in docs/metrics.md, on series shaped like
     both exporters' (dcgm-exporter labels a GPU UUID and gpu, hangd uuid and gpu)."""

@@ -27,7 +27,8 @@ import yaml
 from ..conftest import ROOT, WORKLOADS, torch_available
 from ..server.conftest import free_port, serve
 
-pytestmark = pytest.mark.skipif(not torch_available(), reason="torch is a test dependency")
+pytestmark = [pytest.mark.skipif(not torch_available(), reason="torch is a test dependency"),
+              pytest.mark.torchrun, pytest.mark.prometheus]
 RULES = ROOT / "deploy" / "prometheus" / "hangd-rules.yml"
 LATENCY: dict[str, float] = {}
 

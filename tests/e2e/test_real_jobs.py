@@ -47,7 +47,7 @@ import pytest
 from ..conftest import ROOT, WORKLOADS, torch_available
 from ..server.conftest import Served, free_port, serve
 
-pytestmark = pytest.mark.skipif(not torch_available(), reason="torch is a test dependency")
+pytestmark = [pytest.mark.skipif(not torch_available(), reason="torch is a test dependency"), pytest.mark.torchrun]
 
 HANG_KINDS = ("host_stall", "nccl_stall", "io_stall")
 # what a torchrun rank's environment holds; the test's own environment must not leak it into jobs

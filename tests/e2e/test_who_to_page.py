@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ..conftest import ROOT, WORKLOADS, torch_available
 from ..server.conftest import serve
 
-pytestmark = pytest.mark.skipif(not torch_available(), reason="torch is a test dependency")
+pytestmark = [pytest.mark.skipif(not torch_available(), reason="torch is a test dependency"), pytest.mark.torchrun]
 HERE = Path(__file__).resolve().parent
 POD_UID = "6b9f1f8e-3c5a-4b8e-9d1a-2f7e8c9a0b1c"
 CONTAINER_ID = "4f3e" * 16

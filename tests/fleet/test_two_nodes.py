@@ -21,7 +21,8 @@ from ..conftest import run_hangd, torch_available
 from ..server.conftest import Served, free_port, postgres_url  # noqa: F401 - the fixture
 from .nodes import torchrun, two_nodes, wait_for
 
-pytestmark = pytest.mark.skipif(not torch_available(), reason="torch is a test dependency")
+pytestmark = [pytest.mark.skipif(not torch_available(), reason="torch is a test dependency"),
+              pytest.mark.torchrun, pytest.mark.postgres, pytest.mark.prometheus]
 
 
 @pytest.fixture(scope="module")

@@ -14,10 +14,13 @@ from hangd.humanize import iso_field
 from ..conftest import PLANTED_SECRET, TRACES
 from .conftest import serve
 
+pytestmark = pytest.mark.slow  # every test starts a real hangd serve and waits on it
+
 ENDPOINTS = ["/incidents", "/incidents/1", "/jobs", "/processes", "/gpus", "/gpus/history", "/timeline", "/metrics", "/healthz",
              "/readyz", "/openapi.json"]
 
 
+@pytest.mark.prometheus  # promtool
 def test_nccl_stall_shows_up_within_30s_and_metrics_lint(tmp_path, served):
     s = serve(tmp_path, "--replay", str(TRACES / "nccl_stall"), "--speed", "10")
     served.append(s)

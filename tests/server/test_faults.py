@@ -12,9 +12,12 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from ..conftest import ROOT, TRACES, hangd_cmd
 from .conftest import free_port, serve
+
+pytestmark = pytest.mark.slow  # starts a real server per fault and waits for it to recover
 
 LIVE = TRACES.parent / "h200x2-live"
 

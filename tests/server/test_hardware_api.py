@@ -7,6 +7,7 @@ import shutil
 import subprocess
 
 import pynvml
+import pytest
 
 from ..conftest import TRACES
 from ..fake_nvml import FakeNvml, analyze_through_nvml
@@ -16,6 +17,7 @@ from .conftest import serve
 NCCL_STALL = TRACES / "nccl_stall"
 
 
+@pytest.mark.prometheus  # promtool
 def test_xids_and_throttle_reasons_on_metrics_and_gpus(tmp_path, served, monkeypatch):
     post, posted = xid_once(1, 79, hung_at(NCCL_STALL) - 4)
 

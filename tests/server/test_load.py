@@ -15,8 +15,12 @@ import random
 import time
 from pathlib import Path
 
+import pytest
+
 from ..conftest import TRACES
 from .conftest import serve
+
+pytestmark = pytest.mark.slow  # 30 s of crowd against a real server by design
 
 DURATION_S = 30.0
 HONEST = 200

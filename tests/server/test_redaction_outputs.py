@@ -20,6 +20,7 @@ from ..conftest import run_hangd
 SERVE = ["serve", "--listen", "127.0.0.1:1"]
 
 
+@pytest.mark.slow  # each case starts a command that tries the database and gives up
 @pytest.mark.parametrize(("command", "url", "secret", "says"), [
     (["db", "upgrade"], "postgres://u:p@ss@db.example.invalid/hangd", "p@ss", "write it as %40"),
     (SERVE, "postgres://u:p@ss@db.example.invalid/hangd", "p@ss", "write it as %40"),

@@ -10,9 +10,13 @@ import sys
 from pathlib import Path
 
 import psutil
+import pytest
 
 from ..conftest import ROOT, TRACES, WORKLOADS
 from .conftest import serve
+
+# a real server degraded and waited for until it catches up
+pytestmark = pytest.mark.slow
 
 
 def _job(tmp: Path) -> subprocess.Popen:
@@ -30,6 +34,7 @@ def _kill_job(job: subprocess.Popen) -> None:
     job.wait()
 
 
+@pytest.mark.torchrun
 def test_sigkill_and_restart_loses_nothing_and_duplicates_nothing(tmp_path, served):
     job = _job(tmp_path)
     try:

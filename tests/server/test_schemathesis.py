@@ -5,8 +5,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from ..conftest import ROOT, TRACES
 from .conftest import serve
+
+pytestmark = pytest.mark.slow  # property-based requests against a real server
 
 
 def test_no_server_errors_over_the_openapi(tmp_path, served):

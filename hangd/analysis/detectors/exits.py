@@ -8,9 +8,9 @@ from __future__ import annotations
 from hangd.analysis import report
 from hangd.analysis.detectors import Env
 from hangd.analysis.views import JobView
-from hangd.incidents import Incident, IncidentKind
+from hangd.incidents import Family, Incident, IncidentKind
 
-FAMILY = "hang"
+FAMILY = Family.HANG
 
 
 def pending(env: Env, jv: JobView) -> bool:

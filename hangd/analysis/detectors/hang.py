@@ -14,12 +14,13 @@ from typing import Any
 from hangd.analysis import hardware, report
 from hangd.analysis.detectors import Env
 from hangd.analysis.local import WAIT_VERDICTS
-from hangd.analysis.model import Local
+from hangd.analysis.model import Local, Strength
 from hangd.analysis.views import Culprit, JobView
-from hangd.incidents import HANG_KINDS, Incident, IncidentKind
+from hangd.flightrec.analyze import FindingKind
+from hangd.incidents import HANG_KINDS, Family, Incident, IncidentKind
 from hangd.snapshot import RemoteRank
 
-FAMILY = "hang"
+FAMILY = Family.HANG
 
 
 def decide(env: Env, jv: JobView) -> IncidentKind | None:
@@ -91,7 +92,7 @@ def _culprit(env: Env, jv: JobView) -> Culprit | None:
     """The strongest evidence this tick of who the others wait for."""
     job, tr = jv.job, jv.track
     rank_pid = job.rank_pid()
-    missing = [f for f in tr.findings if f.kind == "missing_rank"]
+    missing = [f for f in tr.findings if f.kind == FindingKind.MISSING_RANK]
     if missing:
         f = missing[-1]  # the newest: one of an earlier hang of the job names who was missing then
         # a missing rank whose dump another node read is that node's rank, not this node's rank of that number
@@ -99,9 +100,9 @@ def _culprit(env: Env, jv: JobView) -> Culprit | None:
         fresh = {(r.node, r.rank): r for r in jv.remote_fresh}
         remote = [fresh[(f.nodes[r], r)] for r in f.missing_ranks if (f.nodes.get(r), r) in fresh]
         if pids or remote:
-            return Culprit(pids, 4, "flight recorder: " + f.message, remote=remote)
+            return Culprit(pids, Strength.FLIGHT_RECORDER, "flight recorder: " + f.message, remote=remote)
     if jv.stopped:
-        return Culprit(jv.by_rank(jv.stopped), 3, "stopped")
+        return Culprit(jv.by_rank(jv.stopped), Strength.STOPPED, "stopped")
     waiting = jv.waiting | {p for p in tr.waiters if p in jv.live}
     if waiting or any(r.waits for r in jv.remote_fresh):
         others = [p for p in jv.live if p not in waiting]
@@ -113,13 +114,13 @@ def _culprit(env: Env, jv: JobView) -> Culprit | None:
         # yet may just not have been captured (stacks of several ranks arrive over a few ticks)
         seen = [p for p in others if (tp := env.tracks.get(p)) is not None and tp.verdict_t is not None]
         if seen:
-            return Culprit(jv.by_rank(seen), 2, "its peers wait for it in a collective; its stack is elsewhere")
+            return Culprit(jv.by_rank(seen), Strength.STACK, "its peers wait for it in a collective; its stack is elsewhere")
         if others:
-            return Culprit(jv.by_rank(others), 1, "its peers wait for it in a collective")
+            return Culprit(jv.by_rank(others), Strength.INFERRED, "its peers wait for it in a collective")
         # every rank here waits: for a rank on another node that its node reports outside a collective
         away = [r for r in jv.remote_fresh if r.waits is False]
         if away:
-            return Culprit([], 1, "its peers wait for it in a collective; its node reports it outside one",
+            return Culprit([], Strength.INFERRED, "its peers wait for it in a collective; its node reports it outside one",
                            remote=sorted(away, key=lambda r: (r.rank if r.rank is not None else 1 << 30, r.node)))
     return None
 
@@ -180,7 +181,7 @@ def fill(env: Env, jv: JobView, inc: object) -> None:
     # named by the flight recorder (it never entered the collective the others are in), while its
     # node reports at all
     fresh = {(r.node, r.rank): r for r in jv.remote_fresh}
-    by_fr = tr.culprit is not None and tr.culprit.strength >= 4
+    by_fr = tr.culprit is not None and tr.culprit.strength >= Strength.FLIGHT_RECORDER
     remote_culprits = [fresh[(r.node, r.rank)] for r in (tr.culprit.remote if tr.culprit else [])
                        if (r.node, r.rank) in fresh and (fresh[(r.node, r.rank)].waits is False or by_fr)]
     inc.pids = list(job.pids)
@@ -215,7 +216,7 @@ def fill(env: Env, jv: JobView, inc: object) -> None:
             parts.append(f"rank {job.ranks[p]} lost a thread at {report.clock(s.threads_lost_at)} "
                          f"({s.threads_before} -> {s.threads_after} threads)")
     # the newest: one of an earlier hang of the job names who was missing then
-    missing = next((f for f in reversed(tr.findings) if f.kind == "missing_rank"), None)
+    missing = next((f for f in reversed(tr.findings) if f.kind == FindingKind.MISSING_RANK), None)
     if missing is not None:
         parts.insert(0, "Flight recorder: " + missing.message)
     exc = report.exceptions(env.view, job, (inc.hang_started_at or jv.t) - env.th.exception_lookback_s)

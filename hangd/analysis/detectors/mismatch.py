@@ -9,10 +9,11 @@ from typing import Any
 from hangd.analysis.detectors import Env
 from hangd.analysis.identity import Job
 from hangd.analysis.views import JobTrack
-from hangd.incidents import IncidentKind
+from hangd.flightrec.analyze import MISMATCH_KINDS, FindingKind
+from hangd.incidents import Family, IncidentKind
 
-FAMILY = "mismatch"
-KINDS = ("op_mismatch", "size_mismatch", "dtype_mismatch")
+FAMILY = Family.MISMATCH
+KINDS = MISMATCH_KINDS
 
 
 def step(env: Env, job_id: str, job: Job | None, tr: JobTrack, f: Any, t: float, wider: bool = False) -> None:
@@ -28,7 +29,7 @@ def step(env: Env, job_id: str, job: Job | None, tr: JobTrack, f: Any, t: float,
         inc.summary = (f"{f.message}. The ranks disagree on one collective: NCCL completes it with silently wrong "
                        "results, gloo fails the job.")
         # the odd one out: the rank whose size/op differs from the majority (else the higher rank)
-        vals = f.sizes if f.kind == "size_mismatch" else f.ops if f.kind == "op_mismatch" else f.dtypes
+        vals = f.sizes if f.kind == FindingKind.SIZE_MISMATCH else f.ops if f.kind == FindingKind.OP_MISMATCH else f.dtypes
         counts: dict[str, int] = {}
         for v in vals.values():
             counts[repr(v)] = counts.get(repr(v), 0) + 1

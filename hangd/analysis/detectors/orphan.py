@@ -7,9 +7,9 @@ from __future__ import annotations
 from hangd.analysis.detectors import Env
 from hangd.analysis.signals import GiB, NodeView
 from hangd.analysis.views import JobView
-from hangd.incidents import IncidentKind
+from hangd.incidents import Family, IncidentKind
 
-FAMILY = "orphan"
+FAMILY = Family.ORPHAN
 
 
 def is_orphaned(view: NodeView, pid: int) -> bool:

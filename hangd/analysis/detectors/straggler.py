@@ -8,9 +8,9 @@ from __future__ import annotations
 from hangd.analysis import hardware
 from hangd.analysis.detectors import Env
 from hangd.analysis.views import JobView
-from hangd.incidents import IncidentKind
+from hangd.incidents import Family, IncidentKind
 
-FAMILY = "straggler"
+FAMILY = Family.STRAGGLER
 
 
 def track_episodes(env: Env, jv: JobView) -> None:
@@ -44,7 +44,7 @@ def step(env: Env, jv: JobView) -> None:
     progressed = len({sec for p in victims for sec in env.progress.of(p).strong_secs if sec >= first_blame})
     # ... and recently so: a rank that made them wait for good is a hang in the making
     recent = any(env.progress.of(p).recent(t, th.straggler_wait_s / 2) for p in victims)
-    worst = [p for p, n in blamed.items() if n >= th.straggler_wait_s] if not tr.hung and progressed >= 3 and recent else []
+    worst = [p for p, n in blamed.items() if n >= th.straggler_wait_s] if not tr.hung and progressed >= th.straggler_progressed_secs and recent else []
     inc = env.book.get(job.id, FAMILY)
     if worst and inc is None and _hang_within(env, job.id, t - th.straggler_window_s):
         worst = []  # one event, one incident: these waits were the hang's, already reported
