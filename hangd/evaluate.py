@@ -113,3 +113,9 @@ def expect_problems(expect: dict[str, Any], incidents: list[dict[str, Any]],
                 out.append(f"pid {expect['summary_names_pid']} (what the culprit waits on) not named")
     out += [f"opened {k}" for k in expect.get("must_not_open", []) if k in kinds and not (hangs and k in hang_kinds)]
     return out
+
+
+def gap_key(problem: str) -> str:
+    """A missed expectation without the particulars that vary from run to run (the incidents seen):
+    "missed hang (incidents: [...])" -> "missed hang"."""
+    return problem.split(" (", 1)[0]

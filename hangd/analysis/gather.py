@@ -211,13 +211,10 @@ def first_evidence(an: Analyzer, pid: int, jv: JobView) -> bool:
     fresh = p.verdict_t is not None and t - p.verdict_t <= th.stack_repeat_s
     if working and fresh and p.verdict.kind == "importing":
         return False  # its stack says it still imports
-    lp = an.view.procs[pid].latest()
-    dist_up = lp is not None and bool(lp.dist_threads)
     moving = loc in (Local.LOADING, Local.WRITING) and (bool(s.gpu_indexes) or s.age_s >= th.startup_imports_s) \
         and t - (p.working_since or t) >= th.startup_work_s
-    if working and (fresh and p.verdict.known or s.age_s >= th.startup_cpu_s or moving or dist_up):
-        # its own code (a stack says so), past the imports, moving data faster than imports do, or its
-        # process group is up (torch.distributed's threads run: imports and init are over)
+    if working and (fresh and p.verdict.known or s.age_s >= th.startup_cpu_s or moving):
+        # its own code (a stack says so), past the imports, or moving data faster than imports do
         return True
     if s.gpu_mem >= th.started_gpu_mem_bytes and loc == Local.QUIET and s.wchan in SLEEP_WCHANS:
         return True  # set up (its memory is in) and asleep in a loop of its own: idle, not blocked
