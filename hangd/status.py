@@ -64,7 +64,8 @@ def _daemon_get(settings: Settings, path: str, timeout: float) -> dict[str, Any]
         with urllib.request.urlopen(req, timeout=timeout, context=ctx) as r:  # noqa: S310 - the node's own daemon
             doc = json.loads(r.read(8 << 20))
     except urllib.error.HTTPError as e:
-        hint = " HINT: set HANGD_READ_TOKEN_FILE (or HANGD_TOKEN_FILE) as hangd serve has it" if e.code == 401 else ""
+        hint = (" HINT: set HANGD_TOKEN or HANGD_READ_TOKEN (or HANGD_TOKEN_FILE, HANGD_READ_TOKEN_FILE) as hangd serve"
+                " has it") if e.code == 401 else ""
         out["error"] = f"hangd serve at {base} answered HTTP {e.code}{hint}"
         return out
     except (urllib.error.URLError, OSError) as e:
