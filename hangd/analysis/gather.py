@@ -211,10 +211,16 @@ def first_evidence(an: Analyzer, pid: int, jv: JobView) -> bool:
     fresh = p.verdict_t is not None and t - p.verdict_t <= th.stack_repeat_s
     if working and fresh and p.verdict.kind == "importing":
         return False  # its stack says it still imports
+    # its process group is up (gloo's or NCCL's threads run: imports and init are over) and kernels run
+    # on its GPU: set up, whatever it does next (CPU alone is no proof: a rank spinning in a barrier
+    # burns a core too)
+    lp = an.view.procs[pid].latest()
+    dist_up = lp is not None and bool(lp.dist_threads) and (s.gpu.util or 0) >= th.gpu_active_util_pct
     moving = loc in (Local.LOADING, Local.WRITING) and (bool(s.gpu_indexes) or s.age_s >= th.startup_imports_s) \
         and t - (p.working_since or t) >= th.startup_work_s
-    if working and (fresh and p.verdict.known or s.age_s >= th.startup_cpu_s or moving):
-        # its own code (a stack says so), past the imports, or moving data faster than imports do
+    if working and (fresh and p.verdict.known or s.age_s >= th.startup_cpu_s or moving or dist_up):
+        # its own code (a stack says so), past the imports, moving data faster than imports do, or
+        # driving its GPU with its process group up
         return True
     if s.gpu_mem >= th.started_gpu_mem_bytes and loc == Local.QUIET and s.wchan in SLEEP_WCHANS:
         return True  # set up (its memory is in) and asleep in a loop of its own: idle, not blocked
