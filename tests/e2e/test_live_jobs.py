@@ -169,7 +169,7 @@ def _watch(w: dict, jobs: list[Job], seconds: float) -> None:
             w["incidents"].setdefault(inc["id"], {**inc, "seen": time.time()})
         for a in _alerts(w["prom"]):
             if a["state"] == "firing":
-                w["firing"].setdefault((a["labels"]["alertname"], a["labels"].get("id")), time.time())
+                w["firing"].setdefault((a["labels"]["alertname"], a["labels"].get("incident")), time.time())
         time.sleep(0.5)
 
 
