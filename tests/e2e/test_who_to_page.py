@@ -126,7 +126,7 @@ def test_a_slurm_job_shows_its_owner_and_slurm_job_on_jobs_the_incident_and_metr
     assert "hunter2" not in str(inc) + str(job)
     for fam in ("hangd_job_state", "hangd_job_ranks"):
         assert _series(world, fam, hangd_job=job["job"], user=OWNER, slurm_job=sid), fam
-    assert _series(world, "hangd_incident_opened_timestamp_seconds", id=str(inc["id"]), user=OWNER, slurm_job=sid)
+    assert _series(world, "hangd_incident_opened_timestamp_seconds", incident=str(inc["id"]), user=OWNER, slurm_job=sid)
     assert _series(world, "hangd_job_owner_info", hangd_job=job["job"], slurm_job_name="train-llama",
                    slurm_account="ml", slurm_partition="gpu")
 
@@ -144,6 +144,6 @@ def test_a_job_in_a_kubelet_cgroup_shows_its_pod_on_jobs_the_incident_and_metric
     assert inc["evidence"]["who"]["pod"]["name"] == "train-llama-0"
     for fam in ("hangd_job_state", "hangd_job_ranks"):
         assert _series(world, fam, hangd_job=job["job"], user=OWNER, k8s_namespace="ml", k8s_pod="train-llama-0"), fam
-    assert _series(world, "hangd_incident_opened_timestamp_seconds", id=str(inc["id"]), k8s_namespace="ml",
+    assert _series(world, "hangd_incident_opened_timestamp_seconds", incident=str(inc["id"]), k8s_namespace="ml",
                    k8s_pod="train-llama-0")
     assert _series(world, "hangd_job_owner_info", hangd_job=job["job"], k8s_container="trainer", k8s_pod_uid=POD_UID)
