@@ -86,3 +86,23 @@ def postgres_url(tmp_path_factory) -> Iterator[str]:
         yield pg.url
     finally:
         pg.stop()
+
+
+@pytest.fixture
+def fresh_pg(postgres_url) -> Iterator[str]:
+    """A database of its own on the session's PostgreSQL: no other test's rows (incident ids, nodes)."""
+    import uuid
+
+    from sqlalchemy import create_engine, text
+
+    name = f"t_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(postgres_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(text(f"CREATE DATABASE {name}"))
+    try:
+        yield postgres_url.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        with admin.connect() as c:
+            c.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        admin.dispose()
+

@@ -11,7 +11,6 @@ import os
 import re
 import shutil
 import subprocess
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -75,17 +74,8 @@ def _run(root: Path | None, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture
-def fleet_db(postgres_url) -> Iterator[str]:
-    name = f"rolling_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(postgres_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.execute(text(f"CREATE DATABASE {name}"))
-    try:
-        yield postgres_url.rsplit("/", 1)[0] + f"/{name}"
-    finally:
-        with admin.connect() as c:
-            c.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        admin.dispose()
+def fleet_db(fresh_pg) -> Iterator[str]:
+    yield fresh_pg
 
 
 def _version(url: str) -> str:

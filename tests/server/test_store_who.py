@@ -55,5 +55,5 @@ def test_who_in_sqlite(tmp_path):
     _round_trip(f"sqlite:///{tmp_path / 'w.db'}")
 
 
-def test_who_in_postgres(postgres_url):
-    _round_trip(postgres_url)
+def test_who_in_postgres(fresh_pg):
+    _round_trip(fresh_pg)
