@@ -215,7 +215,9 @@ def first_evidence(an: Analyzer, pid: int, jv: JobView) -> bool:
     # on its GPU: set up, whatever it does next (CPU alone is no proof: a rank spinning in a barrier
     # burns a core too)
     lp = an.view.procs[pid].latest()
-    dist_up = lp is not None and bool(lp.dist_threads) and (s.gpu.util or 0) >= th.gpu_active_util_pct
+    pg_up = lp is not None and bool(lp.dist_threads)
+    # a rank without a GPU (gloo on the CPU) working on the CPU with its process group up: its imports are over
+    dist_up = pg_up and ((s.gpu.util or 0) >= th.gpu_active_util_pct or (not s.gpu_indexes and loc in (Local.CPU, Local.BUSY)))
     moving = loc in (Local.LOADING, Local.WRITING) and (bool(s.gpu_indexes) or s.age_s >= th.startup_imports_s) \
         and t - (p.working_since or t) >= th.startup_work_s
     if working and (fresh and p.verdict.known or s.age_s >= th.startup_cpu_s or moving or dist_up):

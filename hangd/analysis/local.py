@@ -78,7 +78,7 @@ def classify(s: ProcSignals, ctx: Context, th: Thresholds) -> Reading:
                                     f"{g.nvlink_mibs or 0:.0f} MiB/s, {g.power_w or 0:.0f} W") if g.has_gpm else
                        f"GPU working: util {g.util or 0:.0f}%, memory controller {g.util_mem or 0:.0f}%")
     # the phase its own log named last still holds while it stays on the CPU with no GPU work since
-    on_cpu = (s.cpu_cores or 0) >= th.busy_cpu_cores and s.state == "R"
+    on_cpu = (s.cpu_cores or 0) >= th.busy_cpu_cores and s.state == "R" or starved(s, th)
     log_compiles = "compiling" in s.log_kinds or (
         on_cpu and s.log_phase is not None and s.log_phase[0] == "compiling"
         and (s.gpu_work_at is None or s.gpu_work_at < s.log_phase[1]))
@@ -119,7 +119,16 @@ def classify(s: ProcSignals, ctx: Context, th: Thresholds) -> Reading:
     if (s.cpu_cores or 0) >= th.busy_cpu_cores and s.state == "R":
         # the main thread runs; a side thread alone (a dump being written) is not the job working
         return Reading(Local.CPU, f"on CPU ({s.cpu_cores or 0:.1f} cores)")
+    if starved(s, th):
+        return Reading(Local.CPU, f"runnable {s.r_fraction:.0%} of the time on a host short of CPU "
+                                  f"({s.cpu_cores or 0:.2f} cores)")
     return Reading(Local.QUIET, describe_quiet(s, v))
+
+
+def starved(s: ProcSignals, th: Thresholds) -> bool:
+    """Its main thread wants the CPU most of the time and gets some: it works, slowed by a host
+    short of cores (a thread that waits sleeps; it is not runnable)."""
+    return s.r_fraction >= th.runnable_fraction and s.state == "R" and (s.cpu_cores or 0) >= 2 * th.cpu_active_cores
 
 
 def moves(s: ProcSignals, th: Thresholds, direction: str) -> bool:

@@ -61,6 +61,10 @@ class Thresholds:
     gpu_mem_change_bytes: float = 64 * MiB
     capture_growth_per_s: float = 200 * MiB  # sustained over two windows; allocator warm-up is shorter
     busy_cpu_cores: float = 0.5
+    # a main thread runnable (state R) in this share of the window's readings wants the CPU and
+    # works, whatever it gets: on a host short of cores (2 cores at load 15) a training step gets
+    # 0.15 of one
+    runnable_fraction: float = 0.6
     cpu_active_cores: float = 0.02  # below this a process does nothing on the CPU
     compile_cpu_cores: float = 0.3  # ... with compiler processes under it: compiling
     compile_worker_cores: float = 0.1  # a compile worker counts while it uses this much
@@ -509,6 +513,7 @@ class ProcSignals:
     rss: int | None = None
     threads: int | None = None
     d_fraction: float = 0.0
+    r_fraction: float = 0.0  # share of the window's readings with the main thread runnable (state R)
     gpu_mem: int = 0
     gpu_mem_change: int = 0
     gpu_mem_rate: float = 0.0
@@ -617,6 +622,8 @@ def proc_signals(view: NodeView, pid: int, t: float, th: Thresholds) -> ProcSign
             sig.rss_change = b.rss_bytes - a.rss_bytes
         ds = [p.state == "D" or (p.thread_states or {}).get("D", 0) > 0 for _, p in win[1:]]
         sig.d_fraction = sum(ds) / len(ds) if ds else 0.0
+        rs = [p.state == "R" for _, p in win]
+        sig.r_fraction = sum(rs) / len(rs)
     gpus = view.gpu_of.get(pid, {})
     if gpus and t - view.gpu_seen_at.get(pid, -1e9) < th.gpu_seen_s:
         sig.gpu_indexes = sorted(gpus)

@@ -16,6 +16,10 @@ from hangd.snapshot import Frame, StackSample, ThreadStack
 IGNORED_THREAD_FRAMES = re.compile(r"<frozen importlib|ProcessGroupNCCL::(ncclCommWatchdog|heartbeatMonitor|Watchdog)")
 
 
+# Catalog kinds that show the process working, not waiting: such a verdict describes it while the
+# work goes on, wherever in the kernel it is between two captures.
+WORK_KINDS = frozenset({"compiling", "loading", "graph_capture"})
+
 @dataclass(frozen=True, slots=True)
 class Rule:
     kind: str
