@@ -384,9 +384,12 @@ class Analyzer:
         for pid in list(tr.exited):
             p = self._track(pid)
             h = self.view.procs.get(pid)
-            if p.state is not None and p.state != State.GONE and h is not None and h.gone_at is not None:
+            # gone, or a zombie its parent leaves unreaped (a launcher waiting on another rank first)
+            if p.state is not None and p.state != State.GONE and h is not None and \
+                    (h.gone_at is not None or h.zombie_since is not None and t - h.zombie_since >= self.th.dwell_s):
                 p.state, p.since, p.pending = State.GONE, t, None
-                changes.append(StateChange(t, pid, job.ranks.get(pid), job.id, State.GONE, "the process exited"))
+                changes.append(StateChange(t, pid, job.ranks.get(pid), job.id, State.GONE, "the process exited"
+                                           + (" (a zombie, not yet reaped)" if h.gone_at is None else "")))
         return changes
 
     def _set_state(self, pid: int, job: Job, state: State, reason: str, t: float, s: ProcSignals) -> StateChange | None:
@@ -442,6 +445,14 @@ class Analyzer:
         tr, live, t = jv.track, jv.live, jv.t
         if not live:
             return
+        # a rank on the CPU with no GPU work says what it does only in its stack (compiling, importing,
+        # tokenizing, its own loop): one non-blocking capture, again while it stays so unexplained
+        for p in live:
+            tp = self._track(p)
+            if jv.readings[p].local == Local.CPU and (tp.verdict_t is None or t - tp.verdict_t >= th.cpu_stack_every_s) \
+                    and (tp.cpu_stack_asked is None or t - tp.cpu_stack_asked >= th.cpu_stack_every_s):
+                tp.cpu_stack_asked = t
+                self.requests.stacks.append((p, False))
         if jv.quiet < th.stack_quiet_s:
             tr.stacks_asked = []
             tr.native_asked = False

@@ -78,6 +78,9 @@ class Thresholds:
     hang_gpu_s: float = 10.0  # no progress while a rank spins in a GPU collective
     hang_host_s: float = 12.0  # no progress while stacks show ranks blocked host-side
     hang_io_s: float = 30.0  # uninterruptible sleep with no I/O
+    # a rank stopped by a signal (state T) runs no code until someone continues it: nothing moving
+    # this long with one stopped is a hang (a debugger's stop is state t, not T)
+    hang_stopped_s: float = 4.0
     startup_max_s: float = 600.0  # a process is "starting" at most this long
     startup_cpu_s: float = 20.0  # CPU work without a GPU counts as setup (imports) this long
     # work on the CPU or moving bytes, once its CUDA context exists, that lasts this long ends its
@@ -103,6 +106,7 @@ class Thresholds:
     verdict_fresh_s: float = 60.0  # a stack verdict describes its process at most this long
     verdict_known_s: float = 300.0  # the last known kind of wait, for telling a cycling wait from a stuck one
     stack_recapture_s: float = 300.0  # a quiet job's stacks are taken again this often
+    cpu_stack_every_s: float = 30.0  # ... and a rank's on the CPU with no GPU work and no fresh stack (what it does)
     fr_rerequest_s: float = 60.0  # flight-recorder dumps of a hung job are asked for again this often
     log_recent_s: float = 3.0  # a phase named by a log line holds this long
     exception_lookback_s: float = 300.0  # an exception in a log this long before a hang may be its cause

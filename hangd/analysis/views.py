@@ -26,6 +26,7 @@ class ProcTrack:
     working_since: float | None = None  # on CPU, reading or writing (for starting -> working) since
     verdict: stackcat.Verdict = stackcat.UNKNOWN
     verdict_t: float | None = None
+    cpu_stack_asked: float | None = None  # when a stack was last asked for because it worked on the CPU unexplained
     verdict_wchan: str | None = None  # where the kernel had it blocked when the stack was taken
     stack_sig: tuple[str, ...] = ()
     stack_sig_t: float | None = None

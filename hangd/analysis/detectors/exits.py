@@ -16,8 +16,14 @@ FAMILY = Family.HANG
 def pending(env: Env, jv: JobView) -> bool:
     """A rank exited moments ago: what the others do next is judged as its consequence first."""
     tr = jv.track
-    return bool(jv.live) and any(p not in tr.exits_reported and jv.t - at < env.th.rank_exit_grace_s + env.th.window_s
+    return bool(jv.live) and any(p not in tr.exits_reported and jv.t - _settled(jv, at) < env.th.rank_exit_grace_s + env.th.window_s
                                  for p, at in tr.exited.items())
+
+
+def _settled(jv: JobView, exit_at: float) -> float:
+    """Since when the job has been still after a rank exited: the exit, or the last progress after it
+    (a peer finishing a checkpoint, then blocking in the collective the one that left never joins)."""
+    return max(exit_at, jv.last_strong or exit_at)
 
 
 def step(env: Env, jv: JobView) -> Incident | None:
@@ -36,10 +42,11 @@ def step(env: Env, jv: JobView) -> Incident | None:
     if not new_exits:
         return inc
     first_exit = min(new_exits.values())
-    if t - first_exit < th.rank_exit_grace_s:
+    if t - _settled(jv, first_exit) < th.rank_exit_grace_s:
         return inc
-    # still progressing after the exit (past one window): not waiting for the one that left
-    if jv.last_strong is not None and jv.last_strong > first_exit + th.window_s:
+    # progressed after the exit (past one window) and now not waiting on a peer: it went on alone
+    # (its own last steps, a checkpoint), not waiting for the one that left
+    if jv.last_strong is not None and jv.last_strong > first_exit + th.window_s and not (jv.waiting or jv.spinning):
         return inc
     holders = [p for p in jv.live if (s := jv.sigs.get(p)) is not None and s.gpu_mem > 0] or list(jv.live)
     exited = sorted(new_exits, key=lambda p: job.ranks.get(p, 0))

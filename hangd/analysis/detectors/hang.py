@@ -46,14 +46,25 @@ def decide(env: Env, jv: JobView) -> IncidentKind | None:
         return None  # the ranks wait for ones that wait for requests (here or on other nodes): an idle server
     if spinning and jv.quiet >= th.hang_gpu_s:
         return IncidentKind.NCCL_STALL
-    if stopped and jv.quiet >= th.hang_gpu_s and (waiting or jv.job.distributed):
-        return IncidentKind.HOST_STALL
+    # ranks blocked in a collective of an NCCL process group: an NCCL stall, whether or not their
+    # GPU shows the kernel spinning (two ranks sharing a GPU, a collective not yet launched)
+    host = IncidentKind.NCCL_STALL if spinning or any(_in_nccl(env, p) for p in waiting) else IncidentKind.HOST_STALL
+    if stopped and jv.quiet >= th.hang_stopped_s and (waiting or jv.job.distributed):
+        return host
     # waiting ranks on another node count: the node of the rank they wait for judges the hang too
     if (waiting or away_waiting) and jv.quiet >= th.hang_host_s:
-        return IncidentKind.HOST_STALL
+        return host
     if io_stuck and jv.quiet >= th.hang_io_s:
         return IncidentKind.IO_STALL
     return None
+
+
+def _in_nccl(env: Env, pid: int) -> bool:
+    """Its stack is in a collective and its process group runs NCCL's threads."""
+    h = env.view.procs.get(pid)
+    lp = h.latest() if h is not None else None
+    return _stack_in_collective(env, pid) and env.tracks[pid].verdict.kind == "collective" and lp is not None \
+        and any(n.startswith(("pt_nccl", "NCCL ", "ncclProxy")) for n in lp.dist_threads or ())
 
 
 def step(env: Env, jv: JobView, blocked_by_exit: bool) -> None:
