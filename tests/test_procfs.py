@@ -179,3 +179,101 @@ def test_a_process_s_logs_are_the_files_of_fds_1_and_2_not_terminals_or_pipes():
     assert info.log_files() == {"/job/out.log"}
     assert ProcInfo(pid=1, fds={"1": "pipe:[1234]", "2": None}).log_files() == set()
     assert ProcInfo(pid=1).log_files() == set()
+
+
+# How ranks are started before their process group is up: no RANK in the environment, no gloo or
+# NCCL threads yet (imports and init take 10-30 s on a busy host). The vLLM/SGLang shape passes the
+# rank as an argument; torch.multiprocessing.spawn starts children of a process that loaded torch.
+_LAUNCHER_NO_TORCH = """
+import subprocess, sys, time
+kids = [subprocess.Popen([sys.executable, "-c", "import os, time; os.fork() == 0 and time.sleep(60); time.sleep(60)",
+                          "--rank", str(r)]) for r in range(2)]
+time.sleep(60)
+"""
+_SPAWN_LAUNCHER = """
+import multiprocessing as mp, sys, time
+if "torch" in sys.argv:
+    import torch  # noqa: F401  (the launcher loaded torch, as torch.multiprocessing.spawn's does)
+def rank(r):
+    time.sleep(60)
+if __name__ == "__main__":
+    ctx = mp.get_context("spawn")
+    ps = [ctx.Process(target=rank, args=(r,)) for r in range(2)]
+    [p.start() for p in ps]
+    open(sys.argv[1], "w").write(" ".join(str(p.pid) for p in ps))
+    time.sleep(60)
+"""
+
+
+def _bare_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "TORCHELASTIC_RUN_ID", "RANK")}
+
+
+def _kill_tree(p: subprocess.Popen) -> None:
+    import psutil
+
+    kids = psutil.Process(p.pid).children(recursive=True)
+    for k in kids:
+        k.kill()
+    p.kill()
+    p.wait()
+
+
+def _roles(src: ProcSource, pids: set[int], until: float = 20.0) -> dict[int, str | None]:
+    end = time.time() + until
+    while True:
+        snap = collect(src)
+        roles = {p.pid: (str(p.role) if p.role else None) for p in snap.procs if p.pid in pids and not p.gone}
+        if len(roles) == len(pids) or time.time() > end:
+            return roles
+        time.sleep(0.25)
+
+
+def test_a_rank_given_as_an_argument_is_a_rank_before_its_threads(tmp_path):
+    import psutil
+
+    launcher = subprocess.Popen([sys.executable, "-c", _LAUNCHER_NO_TORCH], env=_bare_env())
+    try:
+        src = ProcSource()
+        end = time.time() + 20
+        while time.time() < end:
+            ranks = [c for c in psutil.Process(launcher.pid).children() if "--rank" in c.cmdline()]
+            forks = [g for c in ranks for g in c.children()]
+            if len(ranks) == 2 and len(forks) == 2:
+                break
+            time.sleep(0.1)
+        roles = _roles(src, {launcher.pid} | {c.pid for c in ranks} | {g.pid for g in forks})
+        assert [roles.get(c.pid) for c in ranks] == ["worker", "worker"], roles
+        assert roles.get(launcher.pid) == "launcher", roles
+        # a fork without exec carries its parent's command line: a child of the rank, not a rank
+        assert [roles.get(g.pid) for g in forks] == ["child", "child"], roles
+    finally:
+        _kill_tree(launcher)
+
+
+def test_children_spawned_by_a_torch_process_are_ranks_for_a_while(tmp_path, monkeypatch):
+    from hangd.sources import procfs
+
+    for with_torch in (True, False):
+        out = tmp_path / f"pids-{with_torch}"
+        script = tmp_path / "launch.py"
+        script.write_text(_SPAWN_LAUNCHER)
+        launcher = subprocess.Popen([sys.executable, str(script), str(out)] + (["torch"] if with_torch else []),
+                                    env=_bare_env())
+        try:
+            end = time.time() + 60
+            while not out.exists() or not out.read_text().strip():
+                assert time.time() < end and launcher.poll() is None, "the launcher never started its children"
+                time.sleep(0.2)
+            kids = {int(x) for x in out.read_text().split()}
+            roles = _roles(ProcSource(), kids, until=3.0 if not with_torch else 20.0)
+            if with_torch:
+                assert set(roles.values()) == {"worker"}, roles
+                # a spawned child (a DataLoader's spawn worker looks the same) is a rank only while young
+                monkeypatch.setattr(procfs, "SPAWN_HINT_S", 0.0)
+                assert _roles(ProcSource(), kids, until=2.0) == {}
+                monkeypatch.undo()
+            else:
+                assert roles == {}, f"plain multiprocessing children are not ranks: {roles}"
+        finally:
+            _kill_tree(launcher)

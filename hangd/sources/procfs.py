@@ -41,6 +41,15 @@ DEFAULT_JOB_ENV = ("MASTER_ADDR", "TORCHELASTIC_RUN_ID")
 DIST_THREAD = re.compile(r"^(pt_gloo|gloo_|pt_nccl|NCCL |ncclProxy|pt_c10d)")
 DIST_SCAN_EVERY_S = 5.0
 DIST_SCAN_FOR_S = 600.0  # look for such threads in a young process this long after it appeared
+# A rank before its process group is up (imports and init can take tens of seconds) shows what it
+# is by how it was started: its rank as an argument (the vLLM/SGLang shape, torch.distributed.launch's
+# --local-rank), or as a child that multiprocessing's spawn started from a process that loaded torch
+# (torch.multiprocessing.spawn, an inference server's schedulers). The second is weaker (a DataLoader
+# with a spawn context looks the same): it holds only until the process is this old.
+ARGV_RANK = re.compile(rb"(?:^|\0)--(?:local[-_]|tp[-_])?rank(?:=|\0)\d+(?:\0|$)")
+SPAWN_CHILD = (b"from multiprocessing.spawn import spawn_main", b"from multiprocessing.forkserver import main")
+SPAWN_HINT_S = 60.0
+HINTED_SCAN_EVERY_S = 1.0  # how often a process taken for a rank-to-be is looked at for its threads
 
 
 def _read_bytes(path: str) -> bytes | None:
@@ -181,6 +190,10 @@ class _Known:
     dist_threads: list[str] | None = None
     dist_scanned: float = -1e18
     dist_tids: set[str] = field(default_factory=set)  # thread ids the scan for them has read
+    cmdline: bytes = b""
+    argv_rank: bool = False  # its command line gives it a rank of its own (see ARGV_RANK)
+    spawned: bool = False  # multiprocessing's spawn started it from a torch process (see SPAWN_CHILD)
+    torch: bool | None = None  # it has torch loaded (read only for the parents of spawned children)
 
 
 @dataclass
@@ -242,17 +255,42 @@ class ProcSource:
                        seen=now)
             self._read_env(pid, k)
             self._known[pid] = k
-        # A process caught between fork and exec still shows its parent's environment: look again
-        # while it is young (cheap: only processes first seen in the last few seconds).
+        # A process caught between fork and exec still shows its parent's environment and command
+        # line: look again while it is young (cheap: only processes first seen in the last few
+        # seconds; after every new one is known, so that a child can be told from its parent).
         for pid, k in self._known.items():
-            if not k.job_env and now - k.seen < EXEC_GRACE_S:
-                self._read_env(pid, k)
-            if k.dist_threads is None and now - k.dist_scanned >= DIST_SCAN_EVERY_S and now - k.seen < DIST_SCAN_FOR_S \
+            if now - k.seen < EXEC_GRACE_S:
+                if not k.job_env:
+                    self._read_env(pid, k)
+                self._read_launch(pid, k)
+            every = HINTED_SCAN_EVERY_S if self._hinted(k) else DIST_SCAN_EVERY_S
+            if k.dist_threads is None and now - k.dist_scanned >= every and now - k.seen < DIST_SCAN_FOR_S \
                     and k.comm.startswith(("python", "pt_main_thread", "pt_", "sglang", "vllm", "Vllm")) \
                     and not self._inherits_rank(k):
                 k.dist_scanned = now
                 k.dist_threads = self._dist_threads(pid, k.dist_tids)
         return pids
+
+    def _read_launch(self, pid: int, k: _Known) -> None:
+        """How it was started (see ARGV_RANK, SPAWN_CHILD): its command line, and for a spawned
+        child whether its parent loaded torch (the parent's maps, read once)."""
+        raw = _read_bytes(self._p(pid, "cmdline"))
+        if not raw:
+            return
+        k.cmdline, k.argv_rank, k.spawned = raw, False, False
+        parent = self._known.get(k.ppid)
+        if parent is not None and (parent.cmdline or _read_bytes(self._p(k.ppid, "cmdline"))) == raw:
+            return  # forked without exec (a DataLoader worker): its parent's command line, not its own
+        k.argv_rank = ARGV_RANK.search(raw) is not None
+        if not k.argv_rank and any(m in raw for m in SPAWN_CHILD) and parent is not None:
+            if parent.torch is None:
+                maps = _read_bytes(self._p(k.ppid, "maps"))
+                parent.torch = maps is not None and b"libtorch" in maps
+            k.spawned = parent.torch
+
+    def _hinted(self, k: _Known) -> bool:
+        """Taken for a rank before its threads show: by its arguments, or (for a while) by how it was spawned."""
+        return k.argv_rank or (k.spawned and time.time() - self.boot_time() - k.start_ticks / CLK_TCK < SPAWN_HINT_S)
 
     def _forget(self, pid: int) -> None:
         """Everything kept about ``pid``, in one place: a process seen to vanish in any way (gone
@@ -308,7 +346,7 @@ class ProcSource:
         """The pids to read this tick."""
         self._discover()
         seeds = {p for p in gpu_pids if p in self._known} | \
-            {p for p, k in self._known.items() if k.job_env or k.dist_threads}
+            {p for p, k in self._known.items() if k.job_env or k.dist_threads or self._hinted(k)}
         seeds |= {p for p in self.extra_pids if p in self._known}
         children: dict[int, list[int]] = {}
         for pid, k in self._known.items():
@@ -492,10 +530,12 @@ class ProcSource:
             cur = a.ppid
         if k.rank is not None and any(self._known[a].rank == k.rank for a in anc):
             return Role.CHILD  # it inherited a rank's environment (data loader, compile worker)
-        if pid in gpu_pids or k.dist_threads:
-            return Role.WORKER  # its own GPU memory or its own gloo/NCCL threads, whatever its ancestors hold
-        if any(a in gpu_pids for a in anc):
-            return Role.CHILD
+        if pid in gpu_pids or k.dist_threads or k.argv_rank:
+            return Role.WORKER  # its own GPU memory, gloo/NCCL threads or rank argument, whatever its ancestors hold
+        if any(a in gpu_pids or self._known[a].dist_threads or self._hinted(self._known[a]) for a in anc):
+            return Role.CHILD  # started by a rank: a data loader, a compile worker, a pool
+        if self._hinted(k):
+            return Role.WORKER
 
         if pid in self._rank_parents:
             return Role.LAUNCHER
@@ -505,7 +545,7 @@ class ProcSource:
         gpu_pids = {p.pid for g in snap.gpus for p in g.procs}
         watched = self.watched(gpu_pids)
         self._rank_parents = {k.ppid for c in watched if (k := self._known.get(c)) is not None
-                              and (c in gpu_pids or k.job_env)}
+                              and (c in gpu_pids or k.job_env or self._hinted(k))}
         for pid in sorted(watched):
             known = self._known.get(pid)
             role = self._role(pid, known, watched, gpu_pids) if known is not None else None
