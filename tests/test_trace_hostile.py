@@ -18,7 +18,7 @@ from hangd.cli import main
 from hangd.trace import TraceError, TraceReader
 
 from .conftest import ROOT, hangd_cmd
-from .server.conftest import free_port
+from .realpg import free_port
 
 META = b'{"format": "hangd-trace/1"}'
 

@@ -25,7 +25,8 @@ import pytest
 import yaml
 
 from ..conftest import ROOT, WORKLOADS, torch_available
-from ..server.conftest import free_port, serve
+from ..realpg import free_port
+from ..served import serve
 
 pytestmark = [pytest.mark.skipif(not torch_available(), reason="torch is a test dependency"),
               pytest.mark.torchrun, pytest.mark.prometheus]
