@@ -13,7 +13,7 @@ import pytest
 from ..conftest import TRACES
 from ..fake_nvml import FakeNvml, analyze_through_nvml
 from ..served import serve
-from ..test_hardware import hung_at, uuid_of, xid_once
+from ..sources.test_hardware import hung_at, uuid_of, xid_once
 
 NCCL_STALL = TRACES / "nccl_stall"
 
