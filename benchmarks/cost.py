@@ -9,7 +9,7 @@ time is measured with ``time.thread_time`` and nothing else (no store, no HTTP).
 tick the same thread reads stat, status and io of every process the tick watched with bare
 ``os.open``/``os.read``: the least any /proc-reading monitor pays. The ratio of the two medians
 is what hangd adds over reading, and it does not move with the machine's speed or load, which
-is why the smoke test in tests/ checks it against ``benchmarks/results/cost-ratio.json``.
+is why tests/test_tick_cost.py checks it against ``benchmarks/results/cost-ratio.json``.
 
 Processes are real: R ranks (``python -c sleep`` with a torch.distributed environment), each
 with C children that inherit its environment as data-loader workers do. With G > 0, NVML

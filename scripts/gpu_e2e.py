@@ -19,6 +19,9 @@ from pathlib import Path
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from tests.teardown import kill_all  # noqa: E402 - the repository root goes on the path first
+
 WORK = ROOT / "tests" / "workloads"
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 # scenario: (seconds, hang expected (kind), action, action at s)
@@ -106,16 +109,7 @@ def main() -> None:
                 entry["detection_latency_s"] = round(hit[0]["opened_at"] - hang_t, 1)
         entry["false_alarms"] = [i["kind"] for i in hang_incs if i["kind"] != expect]
         report["scenarios"].append(entry)
-        for pid in ranks:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        try:
-            os.killpg(launcher.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        launcher.wait()
+        kill_all(ranks, launcher)
         for f in job.glob("shard_*"):
             f.unlink()
         entry["job_log_tail"] = [x for x in (job / "log_0.txt").read_text().splitlines()[-3:]] if (job / "log_0.txt").exists() else []

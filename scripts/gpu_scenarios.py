@@ -20,6 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from hangd.sources.ras import DEFAULT_ADDR, query  # noqa: E402
+from tests.teardown import kill_all  # noqa: E402 - scripts/matrix.py imports it from here too
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "tests" / "workloads"
@@ -47,21 +48,6 @@ def free_port() -> int:
 def ras_query(timeout: float = 12.0) -> str:
     """NCCL's RAS thread answers plain-text queries on localhost:28028."""
     return query(DEFAULT_ADDR, timeout) or "RAS query: no answer"
-
-
-def kill_all(pids: list[int] | set[int], launcher: subprocess.Popen) -> None:
-    """Tear a job down: every pid (a stopped one is resumed first, so it dies now) and the launcher's group."""
-    for pid in sorted(pids):
-        for sig in (signal.SIGCONT, signal.SIGKILL):
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-    try:
-        os.killpg(launcher.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    launcher.wait()
 
 
 def run(name: str, out: Path, hangd: list[str]) -> dict:

@@ -32,6 +32,9 @@ from typing import Any
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from tests.teardown import kill_all  # noqa: E402 - the repository root goes on the path first
+
 WORKLOAD = ROOT / "tests" / "workloads" / "hf_tp.py"
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 HOLD = float(os.environ.get("HF_LIVE_HOLD", "40"))
@@ -205,16 +208,7 @@ def run_scenario(name: str, out: Path, ckpt: Path, serve: psutil.Process, job_en
             if (hang_t is not None and time.time() >= hang_t + HOLD) or over:
                 torn = round(time.time(), 3)
                 actions.append({"t": torn, "kind": "action", "what": "sigkill_all", "pid": None})
-                for pid in pids:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                try:
-                    os.killpg(tr.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                tr.wait()
+                kill_all(pids, tr)
                 time.sleep(0.5)
                 for pid in pids:
                     gone.setdefault(pid, round(time.time(), 3))

@@ -1,11 +1,19 @@
 from __future__ import annotations
 
 import shutil
+import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+from . import realpg
+
+if TYPE_CHECKING:
+    from .served import Served
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"
@@ -35,6 +43,47 @@ def trace_copy(tmp_path: Path):
         shutil.copytree(TRACES / name, dst)
         return dst
     return copy
+
+
+@pytest.fixture
+def served(tmp_path) -> Iterator[list[Served]]:
+    """Each ``hangd serve`` (tests/served.py) a test appends here is stopped after it."""
+    running: list[Served] = []
+    yield running
+    for s in running:
+        s.stop(signal.SIGKILL)
+
+
+@pytest.fixture(scope="session")
+def postgres_url(tmp_path_factory) -> Iterator[str]:
+    """A real PostgreSQL (Debian's package) started for the tests, on loopback."""
+    try:
+        pg = realpg.start()
+    except realpg.NoPostgres as e:
+        pytest.fail(f"{e} (`make test` installs it)")
+    try:
+        yield pg.url
+    finally:
+        pg.stop()
+
+
+@pytest.fixture
+def fresh_pg(postgres_url) -> Iterator[str]:
+    """A database of its own on the session's PostgreSQL: no other test's rows (incident ids, nodes)."""
+    import uuid
+
+    from sqlalchemy import create_engine, text
+
+    name = f"t_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(postgres_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(text(f"CREATE DATABASE {name}"))
+    try:
+        yield postgres_url.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        with admin.connect() as c:
+            c.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        admin.dispose()
 
 
 # Tiers (markers registered in pyproject.toml): a test that needs a real PostgreSQL says so by taking

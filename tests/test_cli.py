@@ -23,7 +23,8 @@ from hangd.cli import build_parser
 from hangd.humanize import ago, command_line, iso_local
 
 from .conftest import ROOT, TRACES, hangd_cmd
-from .server.conftest import free_port, serve
+from .realpg import free_port
+from .served import serve
 
 ISO = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d"
 NCCL_DUMPS = TRACES / "nccl_stall" / "files"

@@ -125,6 +125,16 @@ def test_environments():
     assert redact_value("MY_KEY", "v") == REDACTED
 
 
+def test_redaction_of_secret_keys_urls_and_flags():
+    env = filter_environ({"HF_TOKEN": "x", "NCCL_IB_HCA": "mlx5", "TORCH_HUB_PASSWORD": "p",
+                          "MASTER_ADDR": "https://u:pw@h:1", "PATH": "/bin"})
+    assert env == {"NCCL_IB_HCA": "mlx5", "TORCH_HUB_PASSWORD": REDACTED, "MASTER_ADDR": f"https://u:{REDACTED}@h:1"}
+    assert redact_cmdline(["python", "--api-key", "k", "--token=t", "s3://AKIA:sec@bucket/x"]) == \
+        ["python", "--api-key", REDACTED, f"--token={REDACTED}", f"s3://AKIA:{REDACTED}@bucket/x"]
+    assert redact_text("export WANDB_API_KEY=abc and HF_TOKEN=hf_123 ok=1") == \
+        f"export WANDB_API_KEY={REDACTED} and HF_TOKEN={REDACTED} ok=1"
+
+
 @pytest.mark.parametrize("key", ["HF_TOKEN", "api-key", "AWS_SECRET_ACCESS_KEY", "DB_PASSWORD", "PGPASS",
                                  "GOOGLE_CREDENTIALS", "HTTP_AUTH", "session_cookie", "passwd"])
 def test_secret_key_names(key):

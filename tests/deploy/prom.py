@@ -15,7 +15,7 @@ import httpx
 import yaml
 
 from ..conftest import ROOT
-from ..server.conftest import free_port
+from ..realpg import free_port
 
 RULES = ROOT / "deploy" / "prometheus" / "hangd-rules.yml"
 DASHBOARDS = sorted((ROOT / "dashboards").glob("*.json"))

@@ -18,9 +18,9 @@ from sqlalchemy import create_engine, text
 from hangd.analysis.model import SEVERITY_ORDER, State
 from hangd.config import Settings
 
-from ..conftest import ROOT, torch_available
+from ..conftest import ROOT, postgres_url, torch_available  # noqa: F401 - imported, postgres_url is a PostgreSQL of this module alone
 from ..fleet.nodes import torchrun, two_nodes, wait_for
-from ..server.conftest import free_port, postgres_url  # noqa: F401 - the fixture
+from ..realpg import free_port
 from .prom import FLEET, RULES, exprs, prometheus, query, query_range, subst
 
 pytestmark = [pytest.mark.skipif(not torch_available(), reason="torch is a test dependency"),

@@ -14,7 +14,8 @@ import pytest
 import yaml
 
 from ..conftest import ROOT, TRACES
-from ..server.conftest import free_port, serve
+from ..realpg import free_port
+from ..served import serve
 from .prom import DASHBOARDS, FLEET, RULES, exprs, prometheus, query_range, subst
 
 GUIDE = ROOT / "docs" / "operator-guide.md"

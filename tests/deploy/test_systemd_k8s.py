@@ -87,7 +87,7 @@ def test_the_daemonsets_hangd_serves_and_its_hangd_status_answers(tmp_path):
     import httpx
 
     from ..conftest import TRACES, hangd_cmd
-    from ..server.conftest import free_port
+    from ..realpg import free_port
 
     _, ds = _daemonset()
     c = ds["spec"]["template"]["spec"]["containers"][0]

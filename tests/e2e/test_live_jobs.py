@@ -25,7 +25,9 @@ import pytest
 import yaml
 
 from ..conftest import ROOT, WORKLOADS, torch_available
-from ..server.conftest import free_port, serve
+from ..realpg import free_port
+from ..served import serve
+from ..teardown import kill_all
 
 pytestmark = [pytest.mark.skipif(not torch_available(), reason="torch is a test dependency"),
               pytest.mark.torchrun, pytest.mark.prometheus]
@@ -54,23 +56,7 @@ class Job:
         return p.read_text() if p.exists() else ""
 
     def kill(self) -> None:
-        kids = []  # a rank's DataLoader worker blocked forever does not notice its rank die
-        for pid in self.pids:
-            try:
-                kids += [c.pid for c in psutil.Process(pid).children(recursive=True)]
-            except psutil.Error:
-                pass
-        for pid in self.pids + kids:
-            for sig in (signal.SIGCONT, signal.SIGKILL):
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
-        try:
-            self.launcher.kill()
-        except ProcessLookupError:
-            pass
-        self.launcher.wait()
+        kill_all(self.pids, self.launcher)
 
 
 def _alerts(prom: str) -> list[dict]:

@@ -45,7 +45,8 @@ import psutil
 import pytest
 
 from ..conftest import ROOT, WORKLOADS, torch_available
-from ..server.conftest import Served, free_port, serve
+from ..realpg import free_port
+from ..served import Served, serve
 
 pytestmark = [pytest.mark.skipif(not torch_available(), reason="torch is a test dependency"), pytest.mark.torchrun]
 

@@ -21,7 +21,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ..conftest import ROOT, WORKLOADS, torch_available
-from ..server.conftest import serve
+from ..served import serve
 
 pytestmark = [pytest.mark.skipif(not torch_available(), reason="torch is a test dependency"), pytest.mark.torchrun]
 HERE = Path(__file__).resolve().parent

@@ -23,7 +23,8 @@ import psutil
 import pytest
 
 from ..conftest import ROOT, WORKLOADS, hangd_cmd
-from ..server.conftest import Served, free_port
+from ..realpg import free_port
+from ..served import Served
 
 
 class NoNamespaces(RuntimeError):

@@ -17,8 +17,9 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import create_engine, text
 
-from ..conftest import run_hangd, torch_available
-from ..server.conftest import Served, free_port, postgres_url  # noqa: F401 - the fixture
+from ..conftest import postgres_url, run_hangd, torch_available  # noqa: F401 - imported, postgres_url is a PostgreSQL of this module alone
+from ..realpg import free_port
+from ..served import Served
 from .nodes import torchrun, two_nodes, wait_for
 
 pytestmark = [pytest.mark.skipif(not torch_available(), reason="torch is a test dependency"),

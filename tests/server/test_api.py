@@ -12,7 +12,7 @@ import pytest
 from hangd.humanize import iso_field
 
 from ..conftest import PLANTED_SECRET, TRACES
-from .conftest import serve
+from ..served import serve
 
 pytestmark = pytest.mark.slow  # every test starts a real hangd serve and waits on it
 

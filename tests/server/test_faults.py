@@ -15,7 +15,8 @@ import httpx
 import pytest
 
 from ..conftest import ROOT, TRACES, hangd_cmd
-from .conftest import free_port, serve
+from ..realpg import free_port
+from ..served import serve
 
 pytestmark = pytest.mark.slow  # starts a real server per fault and waits for it to recover
 
@@ -186,7 +187,7 @@ def test_a_node_without_py_spy_says_hangs_on_the_host_go_unseen_and_heals_once_i
     tick, as a failing source, and finds py-spy once it is installed, without a restart."""
     import sys
 
-    from .conftest import Served
+    from ..served import Served
 
     venv_py = Path(sys.executable)
     real_py = Path(os.path.realpath(venv_py))  # the interpreter outside the virtualenv that holds py-spy

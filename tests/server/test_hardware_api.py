@@ -12,8 +12,8 @@ import pytest
 
 from ..conftest import TRACES
 from ..fake_nvml import FakeNvml, analyze_through_nvml
-from ..test_hardware import hung_at, uuid_of, xid_once
-from .conftest import serve
+from ..served import serve
+from ..sources.test_hardware import hung_at, uuid_of, xid_once
 
 NCCL_STALL = TRACES / "nccl_stall"
 

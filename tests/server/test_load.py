@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from ..conftest import TRACES
-from .conftest import serve
+from ..served import serve
 
 pytestmark = pytest.mark.slow  # 30 s of crowd against a real server by design
 

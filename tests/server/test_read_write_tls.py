@@ -14,7 +14,8 @@ import httpx
 import pytest
 
 from ..conftest import ROOT, TRACES, hangd_cmd
-from .conftest import free_port, serve
+from ..realpg import free_port
+from ..served import serve
 
 READ = "read-" + "r" * 40
 WRITE = "write-" + "w" * 40

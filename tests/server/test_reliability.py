@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from ..conftest import ROOT, TRACES, WORKLOADS
-from .conftest import serve
+from ..served import serve
 
 # a real server degraded and waited for until it catches up
 pytestmark = pytest.mark.slow

@@ -21,7 +21,8 @@ import hangd
 from hangd.store.schema import release
 
 from ..conftest import ROOT, hangd_cmd
-from .conftest import free_port, serve
+from ..realpg import free_port
+from ..served import serve
 
 NEWER = "0.2.0"
 

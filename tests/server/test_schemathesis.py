@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from ..conftest import ROOT, TRACES
-from .conftest import serve
+from ..served import serve
 
 pytestmark = pytest.mark.slow  # property-based requests against a real server
 

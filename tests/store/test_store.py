@@ -22,7 +22,7 @@ from hangd.store.db import (
 )
 
 from ..conftest import ROOT, TRACES
-from .conftest import serve
+from ..served import serve
 
 TABLES = {"nodes", "gpus", "jobs", "processes", "state_changes", "incidents", "gpu_minutes", "alembic_version"}
 

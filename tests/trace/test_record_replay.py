@@ -11,7 +11,7 @@ import time
 
 from hangd.trace import TraceReader, TraceWriter
 
-from .conftest import PLANTED_SECRET, TRACES, run_hangd
+from ..conftest import PLANTED_SECRET, TRACES, run_hangd
 
 
 def test_record_a_live_job_then_replay_gives_the_same_snapshots(tmp_path):

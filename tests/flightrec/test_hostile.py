@@ -21,8 +21,8 @@ from hangd.flightrec.cli import exit_status, report
 from hangd.flightrec.reader import Dump, DumpError, decode, read_file
 from hangd.flightrec.safepickle import UnsafePickle, _PlainUnpickler, safe_loads
 
-from .conftest import ROOT, TRACES, run_hangd
-from .fuzz import examples
+from ..conftest import ROOT, TRACES, run_hangd
+from ..fuzz import examples
 
 HOSTILE = ROOT / "tests" / "data" / "hostile"
 EXPECTED: dict[str, str] = json.loads((HOSTILE / "expected.json").read_text())
@@ -41,9 +41,9 @@ LIVE = {
     "STACK_GLOBAL+REDUCE": lambda m: b"\x80\x04" + _s("os") + _s("mkdir") + b"\x93" + _s(m) + b"\x85R.",
     "INST": lambda m: b"(" + _s(m) + b"ios\nmkdir\n.",
     "OBJ": lambda m: b"(cos\nmkdir\n" + _s(m) + b"o.",
-    "NEWOBJ": lambda m: b"\x80\x02ctests.flightrec_payloads\nMarker\n" + _s(m) + b"\x85\x81.",
-    "NEWOBJ_EX": lambda m: b"\x80\x04ctests.flightrec_payloads\nMarker\n" + _s(m) + b"\x85}\x92.",
-    "BUILD": lambda m: b"\x80\x02ctests.flightrec_payloads\nMarker\n)\x81}" + _s("marker") + _s(m) + b"sb.",
+    "NEWOBJ": lambda m: b"\x80\x02ctests.flightrec.payloads\nMarker\n" + _s(m) + b"\x85\x81.",
+    "NEWOBJ_EX": lambda m: b"\x80\x04ctests.flightrec.payloads\nMarker\n" + _s(m) + b"\x85}\x92.",
+    "BUILD": lambda m: b"\x80\x02ctests.flightrec.payloads\nMarker\n)\x81}" + _s("marker") + _s(m) + b"sb.",
 }
 
 

@@ -11,7 +11,7 @@ from hangd.replay import run_replay
 from hangd.snapshot import RasReport, Snapshot
 from hangd.sources.ras import parse_ras_text, query
 
-from .conftest import DATA
+from ..conftest import DATA
 
 TEXT = (DATA / "ras" / "nccl-2.28.9-stall.txt").read_text()
 

@@ -19,8 +19,8 @@ from hangd.flightrec.cli import analyze_paths, collect
 from hangd.flightrec.reader import DumpError, decode, read_file
 from hangd.flightrec.safepickle import BadPickle, UnsafePickle, safe_loads
 
-from .conftest import ROOT, TRACES, WORKLOADS, run_hangd
-from .fuzz import examples
+from ..conftest import ROOT, TRACES, WORKLOADS, run_hangd
+from ..fuzz import examples
 
 NCCL_DUMPS = TRACES / "nccl_stall" / "files"
 

@@ -16,7 +16,7 @@ from hangd.snapshot import Snapshot
 from hangd.sources.output import OutputSource
 from hangd.sources.procfs import ProcSource
 
-from .analysis.builders import Node, churn, torchrun_env
+from ..analysis.builders import Node, churn, torchrun_env
 
 
 def _stat(pid: int, state: str = "S") -> str:

@@ -11,7 +11,7 @@ from hangd.evaluate import score
 from hangd.incidents import HANG_KINDS
 from hangd.replay import replay_result, run_replay
 
-from .conftest import BENIGN, PLANTED_SECRET, SHARED_TRACES, TRACES, run_hangd
+from ..conftest import BENIGN, PLANTED_SECRET, SHARED_TRACES, TRACES, run_hangd
 
 _cache: dict[str, dict] = {}
 

@@ -10,7 +10,7 @@ from hangd.sources.nvml import NvmlSource
 from hangd.sources.procfs import ProcSource
 from hangd.trace import TraceReader
 
-from .conftest import TRACES
+from ..conftest import TRACES
 
 
 def _has_gpu() -> bool:

@@ -13,7 +13,7 @@ from hangd.evaluate import score
 from hangd.incidents import HANG_KINDS
 from hangd.replay import replay_result, run_replay
 
-from .conftest import DATA, PLANTED_SECRET
+from ..conftest import DATA, PLANTED_SECRET
 
 LIVE = DATA / "traces" / "h200x2-live"
 EXPECT = {

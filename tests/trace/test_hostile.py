@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from hangd.cli import main
 from hangd.trace import TraceError, TraceReader
 
-from .conftest import ROOT, hangd_cmd
-from .server.conftest import free_port
+from ..conftest import ROOT, hangd_cmd
+from ..realpg import free_port
 
 META = b'{"format": "hangd-trace/1"}'
 

@@ -17,8 +17,8 @@ from hangd.replay import replay_result, run_replay
 from hangd.sources.nvml import NvmlSource
 from hangd.trace import TraceReader
 
-from .conftest import DATA, TRACES
-from .fake_nvml import FakeNvml, analyze_through_nvml, install, meta, through_nvml
+from ..conftest import DATA, TRACES
+from ..fake_nvml import FakeNvml, analyze_through_nvml, install, meta, through_nvml
 
 NCCL_STALL = TRACES / "nccl_stall"  # rank r on GPU r; rank 1 stops calling collectives
 STRAGGLER = DATA / "traces" / "h200x2-live" / "straggler"  # rank r on GPU r; rank 1 sleeps before every step

@@ -19,7 +19,7 @@ from hangd.flightrec.safepickle import (
     safe_loads,
 )
 
-from .conftest import TRACES
+from ..conftest import TRACES
 
 NCCL = TRACES / "nccl_stall" / "files"
 

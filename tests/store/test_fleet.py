@@ -649,7 +649,7 @@ def test_a_job_without_flight_recorder_dumps_says_so(fleet, postgres_url):
 
 def test_jobs_key_shows_every_rank_s_flight_recorder_from_any_node(fleet, postgres_url, tmp_path, served):
     """A third node's real ``hangd serve``, none of the job's ranks on it, answers for the job."""
-    from .conftest import serve
+    from ..served import serve
 
     (a, b), job = fleet
     t = time.time()

@@ -22,8 +22,8 @@ from hangd.flightrec.rows import from_rows, to_rows
 from hangd.snapshot import FrDump, ProcSample, RemoteDump, RemoteRank, Snapshot
 from hangd.trace import TraceError, TraceReader, TraceWriter
 
-from .analysis.builders import Node, P, torchrun_env
-from .conftest import PLANTED_SECRET, TRACES
+from ..analysis.builders import Node, P, torchrun_env
+from ..conftest import PLANTED_SECRET, TRACES
 
 FR = TRACES / "nccl_stall" / "files"
 JOB = "rdzv:10.0.0.1:29400"

@@ -13,7 +13,7 @@ from hangd.trace import TraceReader
 
 from ..conftest import ROOT, TRACES, hangd_cmd
 from ..realpg import free_port
-from .conftest import serve
+from ..served import serve
 
 T0 = 1_700_000_040.0  # the start of a minute
 

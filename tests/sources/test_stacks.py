@@ -12,7 +12,7 @@ from hangd.analysis import stackcat
 from hangd.sources.base import Unavailable
 from hangd.sources.stacks import StackSource, parse_pyspy_json, parse_pyspy_text
 
-from .conftest import TRACES
+from ..conftest import TRACES
 
 CHILD = """
 import threading, time

@@ -1,19 +1,19 @@
+"""A real `hangd serve` started for a test: ``serve`` starts one and waits for /healthz; the
+``served`` fixture (tests/conftest.py) stops what a test appended to it."""
+
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-import pytest
 
-from .. import realpg
-from ..conftest import ROOT, hangd_cmd
-from ..realpg import free_port
+from .conftest import ROOT, hangd_cmd
+from .realpg import free_port
 
 
 @dataclass
@@ -65,44 +65,3 @@ def serve(tmp_path: Path, *args: str, db: str | None = None, env: dict[str, str]
     if wait:
         s.wait_for(lambda s: s.get("/healthz").status_code == 200, 60, "healthz")
     return s
-
-
-@pytest.fixture
-def served(tmp_path) -> Iterator[list[Served]]:
-    running: list[Served] = []
-    yield running
-    for s in running:
-        s.stop(signal.SIGKILL)
-
-
-@pytest.fixture(scope="session")
-def postgres_url(tmp_path_factory) -> Iterator[str]:
-    """A real PostgreSQL (Debian's package) started for the tests, on loopback."""
-    try:
-        pg = realpg.start()
-    except realpg.NoPostgres as e:
-        pytest.fail(f"{e} (`make test` installs it)")
-    try:
-        yield pg.url
-    finally:
-        pg.stop()
-
-
-@pytest.fixture
-def fresh_pg(postgres_url) -> Iterator[str]:
-    """A database of its own on the session's PostgreSQL: no other test's rows (incident ids, nodes)."""
-    import uuid
-
-    from sqlalchemy import create_engine, text
-
-    name = f"t_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(postgres_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.execute(text(f"CREATE DATABASE {name}"))
-    try:
-        yield postgres_url.rsplit("/", 1)[0] + f"/{name}"
-    finally:
-        with admin.connect() as c:
-            c.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        admin.dispose()
-
