@@ -128,6 +128,10 @@ class _Ranker:
         if rank_anc is not None:
             if dist:
                 return True  # its own gloo/NCCL threads: a rank spawned by a rank (vLLM's driver worker)
+            lp = h.latest()
+            own = _arg_rank(h)
+            if lp is not None and lp.role == Role.WORKER and own is not None and own != _arg_rank(rank_anc):
+                return True  # a rank of its own as an argument, started by rank 0 (before its threads run)
             if gpu and r is None:
                 # a child that touched CUDA only counts with a GPU of its own and more than a context on it
                 mine = set(view.gpu_of.get(h.pid, {}))

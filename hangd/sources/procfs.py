@@ -45,8 +45,10 @@ DIST_SCAN_FOR_S = 600.0  # look for such threads in a young process this long af
 # is by how it was started: its rank as an argument (the vLLM/SGLang shape, torch.distributed.launch's
 # --local-rank), or as a child that multiprocessing's spawn started from a process that loaded torch
 # (torch.multiprocessing.spawn, an inference server's schedulers). The second is weaker (a DataLoader
-# with a spawn context looks the same): it holds only until the process is this old.
-ARGV_RANK = re.compile(rb"(?:^|\0)--(?:local[-_]|tp[-_])?rank(?:=|\0)\d+(?:\0|$)")
+# with a spawn context looks the same): it holds only until the process is this old. A parent whose
+# ranks-by-argument are exactly 1..N-1 is rank 0 itself (vLLM's engine process runs rank 0 and starts
+# the others).
+ARGV_RANK = re.compile(rb"(?:^|\0)--(?:local[-_]|tp[-_])?rank(?:=|\0)(\d+)(?:\0|$)")
 SPAWN_CHILD = (b"from multiprocessing.spawn import spawn_main", b"from multiprocessing.forkserver import main")
 SPAWN_HINT_S = 60.0
 HINTED_SCAN_EVERY_S = 1.0  # how often a process taken for a rank-to-be is looked at for its threads
@@ -191,7 +193,8 @@ class _Known:
     dist_scanned: float = -1e18
     dist_tids: set[str] = field(default_factory=set)  # thread ids the scan for them has read
     cmdline: bytes = b""
-    argv_rank: bool = False  # its command line gives it a rank of its own (see ARGV_RANK)
+    argv_rank: int | None = None  # the rank its command line gives it (see ARGV_RANK)
+    rank_zero: bool = False  # it started the ranks 1..N-1 by argument: it is rank 0
     spawned: bool = False  # multiprocessing's spawn started it from a torch process (see SPAWN_CHILD)
     torch: bool | None = None  # it has torch loaded (read only for the parents of spawned children)
 
@@ -277,12 +280,13 @@ class ProcSource:
         raw = _read_bytes(self._p(pid, "cmdline"))
         if not raw:
             return
-        k.cmdline, k.argv_rank, k.spawned = raw, False, False
+        k.cmdline, k.argv_rank, k.spawned = raw, None, False
         parent = self._known.get(k.ppid)
         if parent is not None and (parent.cmdline or _read_bytes(self._p(k.ppid, "cmdline"))) == raw:
             return  # forked without exec (a DataLoader worker): its parent's command line, not its own
-        k.argv_rank = ARGV_RANK.search(raw) is not None
-        if not k.argv_rank and any(m in raw for m in SPAWN_CHILD) and parent is not None:
+        m = ARGV_RANK.search(raw)
+        k.argv_rank = int(m.group(1)) if m else None
+        if m is None and any(m in raw for m in SPAWN_CHILD) and parent is not None:
             if parent.torch is None:
                 maps = _read_bytes(self._p(k.ppid, "maps"))
                 parent.torch = maps is not None and b"libtorch" in maps
@@ -290,7 +294,7 @@ class ProcSource:
 
     def _hinted(self, k: _Known) -> bool:
         """Taken for a rank before its threads show: by its arguments, or (for a while) by how it was spawned."""
-        return k.argv_rank or (k.spawned and time.time() - self.boot_time() - k.start_ticks / CLK_TCK < SPAWN_HINT_S)
+        return k.argv_rank is not None or k.rank_zero or (k.spawned and time.time() - self.boot_time() - k.start_ticks / CLK_TCK < SPAWN_HINT_S)
 
     def _forget(self, pid: int) -> None:
         """Everything kept about ``pid``, in one place: a process seen to vanish in any way (gone
@@ -345,6 +349,14 @@ class ProcSource:
     def watched(self, gpu_pids: Iterable[int]) -> set[int]:
         """The pids to read this tick."""
         self._discover()
+        by_parent: dict[int, set[int]] = {}
+        for k in self._known.values():
+            if k.argv_rank is not None:
+                by_parent.setdefault(k.ppid, set()).add(k.argv_rank)
+        for ppid, ranks in by_parent.items():
+            parent = self._known.get(ppid)
+            if parent is not None and parent.argv_rank is None:
+                parent.rank_zero = ranks == set(range(1, max(ranks) + 1))
         seeds = {p for p in gpu_pids if p in self._known} | \
             {p for p, k in self._known.items() if k.job_env or k.dist_threads or self._hinted(k)}
         seeds |= {p for p in self.extra_pids if p in self._known}
@@ -530,7 +542,7 @@ class ProcSource:
             cur = a.ppid
         if k.rank is not None and any(self._known[a].rank == k.rank for a in anc):
             return Role.CHILD  # it inherited a rank's environment (data loader, compile worker)
-        if pid in gpu_pids or k.dist_threads or k.argv_rank:
+        if pid in gpu_pids or k.dist_threads or k.argv_rank is not None or k.rank_zero:
             return Role.WORKER  # its own GPU memory, gloo/NCCL threads or rank argument, whatever its ancestors hold
         if any(a in gpu_pids or self._known[a].dist_threads or self._hinted(self._known[a]) for a in anc):
             return Role.CHILD  # started by a rank: a data loader, a compile worker, a pool
@@ -545,7 +557,8 @@ class ProcSource:
         gpu_pids = {p.pid for g in snap.gpus for p in g.procs}
         watched = self.watched(gpu_pids)
         self._rank_parents = {k.ppid for c in watched if (k := self._known.get(c)) is not None
-                              and (c in gpu_pids or k.job_env or self._hinted(k))}
+                              and (c in gpu_pids or k.job_env or self._hinted(k))} - \
+            {p for p, k in self._known.items() if k.rank_zero}
         for pid in sorted(watched):
             known = self._known.get(pid)
             role = self._role(pid, known, watched, gpu_pids) if known is not None else None

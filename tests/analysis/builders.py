@@ -15,6 +15,7 @@ from hangd.snapshot import (
     GpuSample,
     ProcInfo,
     ProcSample,
+    Role,
     Snapshot,
     StackSample,
     ThreadStack,
@@ -51,6 +52,7 @@ class P:
     log: str | None = None  # its fd 1/2 target
     dist_threads: list[str] | None = None
     start: float = 0.0
+    role: str | None = None  # what the /proc source called it (worker, launcher, child)
 
 
 class Node:
@@ -119,7 +121,8 @@ class Node:
                                          io={"read_bytes": int(c["read"]), "write_bytes": 0, "rchar": int(c["read"]),
                                              "wchar": int(c["wchar"])},
                                          voluntary_ctxt_switches=int(c["vol"]), nonvoluntary_ctxt_switches=0,
-                                         start_time=p.start or 999.0, dist_threads=p.dist_threads))
+                                         start_time=p.start or 999.0, dist_threads=p.dist_threads,
+                                         role=Role(p.role) if p.role else None))
             if p.pid not in self.sent_info:
                 self.sent_info.add(p.pid)
                 snap.infos.append(ProcInfo(pid=p.pid, ppid=p.ppid, cmdline=p.cmdline, environ=dict(p.env),

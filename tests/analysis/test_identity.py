@@ -174,3 +174,15 @@ def test_slurm_nodes_and_mpi_local_sizes_say_a_job_spans_nodes():
     assert spans_nodes({"OMPI_COMM_WORLD_SIZE": "16", "OMPI_COMM_WORLD_LOCAL_SIZE": "8"}).startswith("OMPI")
     assert spans_nodes({"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "8", "SLURM_NNODES": "1"}) is None
     assert spans_nodes({"WORLD_SIZE": "x", "LOCAL_WORLD_SIZE": "2"}) is None
+
+
+def test_rank_0_that_started_ranks_given_as_arguments_is_one_job_with_them_before_their_threads():
+    # vLLM's shape (and the matrix's "parent" launcher): the engine process is rank 0 and starts
+    # ranks 1..N-1 with the rank as an argument; none runs gloo or NCCL threads yet
+    node = Node([P(50, 1, {}, cmdline=["python", "serve.py"], role="worker"),
+                 P(51, 50, {}, cmdline=["python", "worker.py", "--rank", "1"], role="worker"),
+                 P(52, 50, {}, cmdline=["python", "worker.py", "--rank", "2"], role="worker"),
+                 P(53, 51, {}, cmdline=["python", "worker.py", "--rank", "1"], role="child")])  # its DataLoader fork
+    node.run(4)
+    (job,) = node.jobs()
+    assert job["ranks"] == {"0": 50, "1": 51, "2": 52}

@@ -277,3 +277,25 @@ def test_children_spawned_by_a_torch_process_are_ranks_for_a_while(tmp_path, mon
                 assert roles == {}, f"plain multiprocessing children are not ranks: {roles}"
         finally:
             _kill_tree(launcher)
+
+
+_RANK_ZERO_PARENT = """
+import subprocess, sys, time
+kids = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "--rank", str(r)]) for r in (1, 2)]
+time.sleep(60)
+"""
+
+
+def test_the_parent_of_ranks_1_to_n_is_rank_0():
+    import psutil
+
+    launcher = subprocess.Popen([sys.executable, "-c", _RANK_ZERO_PARENT], env=_bare_env())
+    try:
+        end = time.time() + 20
+        while len(kids := psutil.Process(launcher.pid).children()) < 2 and time.time() < end:
+            time.sleep(0.1)
+        time.sleep(0.5)
+        roles = _roles(ProcSource(), {launcher.pid} | {k.pid for k in kids})
+        assert set(roles.values()) == {"worker"} and len(roles) == 3, roles
+    finally:
+        _kill_tree(launcher)
