@@ -135,7 +135,8 @@ def progress_record(an: Analyzer, pid: int, s: ProcSignals, t: float) -> tuple[d
                                                  and t - (an.progress.of(pid).last or 0) <= th.window_s),
         "its stack changed")
     kids = children(an, pid)
-    put("children", bool(kids), any(child_works(an, c, t) for c in kids), "its workers work")
+    busy = [c for c in kids if child_works(an, c, t)]
+    put("children", bool(kids), bool(busy), f"its workers pid {', '.join(map(str, busy[:4]))} work")
     return out, how
 
 def children(an: Analyzer, pid: int) -> list[int]:
@@ -144,14 +145,19 @@ def children(an: Analyzer, pid: int) -> list[int]:
             if h.gone_at is None and (lp := h.latest()) is not None and lp.ppid == pid and lp.state not in ("Z", "X")]
 
 def child_works(an: Analyzer, pid: int, t: float) -> bool:
-    win = an.view.proc_window(pid, t, an.th.window_s)
+    """On the CPU, or runnable most of the window on a host short of cores (a starting spawn worker
+    importing torch gets 0.1 of a core at load 15)."""
+    th = an.th
+    win = an.view.proc_window(pid, t, th.window_s)
     if len(win) < 2:
         return False
     (t0, a), (t1, b) = win[0], win[-1]
     used = b.cpu_seconds_between(a)
     if used is None or t1 <= t0:
         return False
-    return used / (t1 - t0) >= an.th.busy_cpu_cores / 2
+    cores = used / (t1 - t0)
+    runnable = sum(p.state == "R" for _, p in win) / len(win)
+    return cores >= th.busy_cpu_cores / 2 or (runnable >= th.runnable_fraction and cores >= 2 * th.cpu_active_cores)
 
 def waits_on(an: Analyzer, pid: int, jv: JobView) -> tuple[rankstate.WaitsOn, str]:
     """What it waits on, and for a worker of its own which one and what that one does."""

@@ -134,6 +134,12 @@ def _holds_others_up(e: Evidence) -> str | None:
     return f"rank{'s' if plural else ''} {e.peers_wait_for_it} wait{'' if plural else 's'} for it in a collective; this rank: {e.why}"
 
 
+def _workers_work(e: Evidence) -> str | None:
+    if e.local != Local.WORKER_WAIT or e.progress.get("children") != Moved.YES:
+        return None
+    return f"{e.why}; they work: {e.how.get('children', 'its workers work')}"
+
+
 def _own_reading(e: Evidence) -> str | None:
     return e.why
 
@@ -158,6 +164,8 @@ TABLE: tuple[Row, ...] = (
     Row("waits_for_peer", "it waits in a collective or the rendezvous store", State.WAITING_PEER, _waits_for_peer),
     Row("holds_others_up", "peers wait for it in a collective and no work of its own explains it, or it is stopped",
         State.STRAGGLER, _holds_others_up),
+    Row("workers_work", "it waits on workers of its own that work (a DataLoader filling its queue)", State.BUSY,
+        _workers_work),
     Row("own_reading", "otherwise: what it does on its own", "reading", _own_reading),
 )
 
