@@ -89,7 +89,7 @@ class Decision:
 # Readings of a rank that does no work of its own: when its peers wait for it, it holds them up.
 # (A rank that works, on the GPU, loading, writing, compiling, is what they wait for, doing its part.)
 _IDLE_HANDS = (Local.QUIET, Local.CPU, Local.IO_WAIT, Local.WORKER_WAIT)
-_HOLDABLE = (Local.SPINNING, Local.WAITING, Local.QUIET, Local.CPU, Local.STOPPED, Local.WORKER_WAIT)
+_HOLDABLE = (Local.SPINNING, Local.WAITING, Local.QUIET, Local.CPU, Local.WORKER_WAIT)
 
 
 def _orphaned(e: Evidence) -> str | None:
@@ -100,6 +100,12 @@ def _hung(e: Evidence) -> str | None:
     if not e.job_hung:
         return None
     return f"{e.hung_why}; this rank: {e.why}" + (f"; it waits for {e.waits_detail}" if e.waits_detail else "") + e.hung_ref
+
+
+def _stopped(e: Evidence) -> str | None:
+    if e.local != Local.STOPPED:
+        return None
+    return e.why + (f"; rank {e.peers_wait_for_it} wait for it" if e.peers_wait_for_it else "")
 
 
 def _idle_server(e: Evidence) -> str | None:
@@ -126,8 +132,6 @@ def _waits_for_peer(e: Evidence) -> str | None:
 
 
 def _holds_others_up(e: Evidence) -> str | None:
-    if e.local == Local.STOPPED:
-        return e.why + (f"; rank {e.peers_wait_for_it} wait for it" if e.peers_wait_for_it else "")
     if not e.peers_wait_for_it or e.local not in _IDLE_HANDS:
         return None
     plural = "," in e.peers_wait_for_it
@@ -156,13 +160,14 @@ class Row:
 TABLE: tuple[Row, ...] = (
     Row("orphaned", "its launcher is gone and it was re-parented", State.ORPHANED, _orphaned),
     Row("job_hung", "its job is judged hung: every rank of a hung job is hung", State.HUNG, _hung),
+    Row("stopped", "it is stopped by a signal (SIGSTOP, Ctrl-Z): it runs no code until continued", State.HUNG, _stopped),
     Row("idle_server", "its job serves with no request in: nobody works and every wait is for outside input "
         "or keeps ending", State.IDLE, _idle_server),
     Row("setting_up", "it has shown nothing yet of what it is for", State.STARTING, _setting_up),
     Row("hold", "a first wait or silence in its job, younger than the hang threshold, not a pattern and not yet "
         "explained by a stack", "previous", _hold),
     Row("waits_for_peer", "it waits in a collective or the rendezvous store", State.WAITING_PEER, _waits_for_peer),
-    Row("holds_others_up", "peers wait for it in a collective and no work of its own explains it, or it is stopped",
+    Row("holds_others_up", "peers wait for it in a collective and no work of its own explains it",
         State.STRAGGLER, _holds_others_up),
     Row("workers_work", "it waits on workers of its own that work (a DataLoader filling its queue)", State.BUSY,
         _workers_work),

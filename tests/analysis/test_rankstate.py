@@ -39,7 +39,7 @@ ROWS = [
     (replace(BASE, local=Local.SPINNING, hold=True, previous=State.BUSY), State.BUSY, "hold"),
     (replace(BASE, local=Local.SPINNING, it_waits_for="1"), State.WAITING_PEER, "waits_for_peer"),
     (replace(BASE, local=Local.QUIET, peers_wait_for_it="0"), State.STRAGGLER, "holds_others_up"),
-    (replace(BASE, local=Local.STOPPED), State.STRAGGLER, "holds_others_up"),
+    (replace(BASE, local=Local.STOPPED, peers_wait_for_it="0"), State.HUNG, "stopped"),
     (replace(BASE, local=Local.WORKER_WAIT, why="its stack is waiting for a worker of its own",
              progress={"children": Moved.YES}, how={"children": "its workers pid 41, 42 work"}), State.BUSY, "workers_work"),
     (replace(BASE, local=Local.WORKER_WAIT, why="its stack is waiting for a worker of its own",
