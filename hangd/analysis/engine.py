@@ -294,9 +294,13 @@ class Analyzer:
         pr = self.progress.of(pid)
         # a stack that shows work (compiling, loading, capturing) describes it while that work goes
         # on, wherever in the kernel it is between two captures; a wait only at the same wait point
-        fresh = p.verdict_t is not None and t - p.verdict_t <= th.verdict_fresh_s and \
-            (pr.last_strong is None or pr.last_strong <= p.verdict_t + th.window_s) and \
-            (p.verdict.kind in stackcat.WORK_KINDS or _same_wait_point(p.verdict_wchan, s))
+        # (and through the progress that work makes, until the next capture is due)
+        if p.verdict.kind in stackcat.WORK_KINDS:
+            fresh = p.verdict_t is not None and t - p.verdict_t <= th.cpu_stack_every_s
+        else:
+            fresh = p.verdict_t is not None and t - p.verdict_t <= th.verdict_fresh_s and \
+                (pr.last_strong is None or pr.last_strong <= p.verdict_t + th.window_s) and \
+                _same_wait_point(p.verdict_wchan, s)
         return Context(verdict=p.verdict if fresh else stackcat.UNKNOWN, progressed_recently=pr.recent(t, th.window_s),
                        progress_why=pr.why)
 

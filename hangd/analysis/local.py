@@ -77,6 +77,12 @@ def classify(s: ProcSignals, ctx: Context, th: Thresholds) -> Reading:
         return Reading(Local.BUSY, (f"GPU working: tensor {g.tensor or 0:.0f}%, DRAM {g.dram or 0:.0f}%, NVLink "
                                     f"{g.nvlink_mibs or 0:.0f} MiB/s, {g.power_w or 0:.0f} W") if g.has_gpm else
                        f"GPU working: util {g.util or 0:.0f}%, memory controller {g.util_mem or 0:.0f}%")
+    # a kernel spinning on its GPU is a wait, whatever its last stack or log said it was doing
+    if g.spins(th):
+        return Reading(Local.SPINNING, (f"spinning in a GPU collective: util {g.util or 0:.0f}% but SM {g.sm or 0:.0f}%, "
+                                        f"tensor {g.tensor or 0:.0f}%, DRAM {g.dram or 0:.0f}%, no NVLink traffic, "
+                                        f"{g.power_w or 0:.0f} W") if g.has_gpm else
+                       f"spinning on the GPU: util {g.util or 0:.0f}% with the memory controller idle")
     # the phase its own log named last still holds while it stays on the CPU with no GPU work since
     on_cpu = (s.cpu_cores or 0) >= th.busy_cpu_cores and s.state == "R" or starved(s, th)
     log_compiles = "compiling" in s.log_kinds or (
@@ -88,11 +94,6 @@ def classify(s: ProcSignals, ctx: Context, th: Thresholds) -> Reading:
             "its log says it compiles" if "compiling" in s.log_kinds else \
             "its log said it compiles, and it has been on the CPU since"
         return Reading(Local.COMPILING, why)
-    if g.spins(th):
-        return Reading(Local.SPINNING, (f"spinning in a GPU collective: util {g.util or 0:.0f}% but SM {g.sm or 0:.0f}%, "
-                                        f"tensor {g.tensor or 0:.0f}%, DRAM {g.dram or 0:.0f}%, no NVLink traffic, "
-                                        f"{g.power_w or 0:.0f} W") if g.has_gpm else
-                       f"spinning on the GPU: util {g.util or 0:.0f}% with the memory controller idle")
     if v.kind in WAIT_VERDICTS:
         return Reading(Local.WAITING, f"its stack is {v.why}: {v.frame}")
     if v.kind == "backward" and s.state in ("S", "D") and (s.cpu_cores or 0) < th.cpu_active_cores:
