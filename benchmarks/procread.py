@@ -16,7 +16,8 @@ from typing import Any
 import psutil
 
 from benchmarks.common import emit
-from hangd.sources.procfs import ProcSource, _parse_io, _read_bytes, _stat_fields, _status_field
+from hangd.sources.procfs import ProcSource
+from hangd.sources.procparse import _parse_io, _read_bytes, _stat_fields, _status_field
 
 N = 1000
 # a process with the thread count of a torch rank (gloo/NCCL, the CUDA driver, data-loader pins)

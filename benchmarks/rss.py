@@ -17,7 +17,7 @@ import psutil
 
 from benchmarks.common import emit
 from benchmarks.overhead import started, stopped
-from hangd.analysis.signals import Thresholds
+from hangd.analysis.thresholds import Thresholds
 
 HISTORY = Thresholds.history_readings
 

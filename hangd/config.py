@@ -30,7 +30,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from hangd.analysis.signals import Thresholds
+from hangd.analysis.thresholds import Thresholds
 from hangd.redact import redact_url, url_password
 from hangd.safefile import NotRegularFile, TooLarge, read_regular
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from hangd.analysis.engine import Analyzer, StateChange
-from hangd.analysis.signals import Thresholds
+from hangd.analysis.thresholds import Thresholds
 from hangd.incidents import Incident
 from hangd.snapshot import GpuSample, Snapshot
 

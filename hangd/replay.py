@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hangd.analysis.engine import Analyzer
-from hangd.analysis.signals import Thresholds
+from hangd.analysis.thresholds import Thresholds
 from hangd.daemon import Loop, TraceFeed
 from hangd.front import Front
 from hangd.humanize import iso_field, iso_local

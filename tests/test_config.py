@@ -158,7 +158,7 @@ def test_layering_is_pydantic_settings_flags_then_environment_then_file(tmp_path
 
 
 def test_the_settings_defaults_are_the_analysis_defaults_and_reach_it():
-    from hangd.analysis.signals import Thresholds
+    from hangd.analysis.thresholds import Thresholds
     from hangd.daemon import thresholds_from
     from hangd.store.db import NODE_STALE_S
 

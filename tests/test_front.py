@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hangd.analysis.signals import Thresholds
+from hangd.analysis.thresholds import Thresholds
 from hangd.config import THRESHOLD_SETTINGS, Settings, thresholds_from
 from hangd.replay import run_replay
 from hangd.server.runtime import Daemon

@@ -31,8 +31,10 @@ from hangd.analysis.model import (
     State,
     StateChange,
 )
+from hangd.analysis.nodeview import NodeView, ProcHistory
 from hangd.analysis.progress import ProgressBook
-from hangd.analysis.signals import NodeView, ProcHistory, ProcSignals, Thresholds, proc_signals
+from hangd.analysis.signals import ProcSignals, proc_signals
+from hangd.analysis.thresholds import Thresholds
 from hangd.analysis.views import JobTrack, JobView, ProcTrack
 from hangd.evidence import Requests, decode_evidence
 from hangd.incidents import Incident, IncidentBook

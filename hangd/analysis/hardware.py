@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from hangd.snapshot import GpuSample, Snapshot
 
 if TYPE_CHECKING:
-    from hangd.analysis.signals import NodeView
+    from hangd.analysis.nodeview import NodeView
     from hangd.analysis.views import JobView
 
 XID_LOOKBACK_S = 300.0  # an XID this long before a rank stopped progressing may be why

@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hangd.analysis import owner
-from hangd.analysis.signals import NodeView, ProcHistory, Thresholds
+from hangd.analysis.nodeview import NodeView, ProcHistory
+from hangd.analysis.thresholds import Thresholds
 from hangd.snapshot import Role
 
 RANK_KEYS = ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID")

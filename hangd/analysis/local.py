@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 from hangd.analysis import stackcat
 from hangd.analysis.model import Local, Reading
-from hangd.analysis.signals import GiB, ProcSignals, Thresholds
+from hangd.analysis.signals import ProcSignals
+from hangd.analysis.thresholds import GiB, Thresholds
 
 # Kernel wait points of a process waiting for work from outside (a socket, an event loop).
 REQUEST_WCHANS = ("inet_csk_accept", "ep_poll", "do_epoll_wait", "do_select", "do_sys_poll", "unix_stream_read",

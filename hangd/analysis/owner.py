@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hangd.analysis.signals import ProcHistory
+from hangd.analysis.nodeview import ProcHistory
 
 # Slurm's variables of a job, as a job's ``slurm`` keys
 SLURM_KEYS = {

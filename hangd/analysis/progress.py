@@ -17,7 +17,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from hangd.analysis import local
-from hangd.analysis.signals import GiB, ProcSignals, Thresholds
+from hangd.analysis.signals import ProcSignals
+from hangd.analysis.thresholds import GiB, Thresholds
 
 # A rank blocked in a collective whose main thread keeps waking: its collectives complete. Not the
 # rendezvous store: its client polls with short timeouts and wakes while it waits (seen on H200s).

@@ -9,7 +9,8 @@ from typing import Any
 
 from hangd.analysis import stackcat
 from hangd.analysis.identity import Job, log_targets
-from hangd.analysis.signals import NodeView, ProcSignals
+from hangd.analysis.nodeview import NodeView
+from hangd.analysis.signals import ProcSignals
 from hangd.analysis.views import ProcTrack
 from hangd.redact import redact_text
 

@@ -10,7 +10,8 @@ from typing import Any
 from hangd.analysis import stackcat
 from hangd.analysis.identity import Job
 from hangd.analysis.model import Local, Reading, State, Strength
-from hangd.analysis.signals import ProcSignals, Thresholds
+from hangd.analysis.signals import ProcSignals
+from hangd.analysis.thresholds import Thresholds
 from hangd.snapshot import RemoteRank
 
 

@@ -8,9 +8,11 @@ from hangd.analysis import report
 from hangd.analysis.detectors import Env, mismatch
 from hangd.analysis.engine import Analyzer
 from hangd.analysis.identity import Job
+from hangd.analysis.nodeview import NodeView, log_catalog
 from hangd.analysis.progress import ProgressBook
-from hangd.analysis.signals import NodeView, Thresholds, _shared, _uses_gpu, log_catalog
+from hangd.analysis.signals import _shared, _uses_gpu
 from hangd.analysis.stackcat import default_catalog, load_catalog
+from hangd.analysis.thresholds import Thresholds
 from hangd.analysis.views import JobTrack
 from hangd.flightrec.analyze import Finding
 from hangd.incidents import IncidentBook
@@ -287,7 +289,7 @@ def test_findings_kept_in_memory_are_bounded_and_what_was_dropped_counted():
 
 
 def test_a_prefixed_traceback_s_last_line_is_its_exception_even_without_a_message():
-    from hangd.analysis.signals import exception_lines
+    from hangd.analysis.nodeview import exception_lines
 
     text = ("[rank1]: Traceback (most recent call last):\n[rank1]:   File \"train.py\", line 3, in <module>\n"
             "[rank1]: KeyboardInterrupt\nKeyboardInterrupt\nValueError: bad value\n")

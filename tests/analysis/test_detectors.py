@@ -159,7 +159,7 @@ def test_memory_stays_bounded_under_job_churn():
     """A new short job every few seconds for a long while: what the analysis holds stays bounded,
     gone processes leave the views, and what was dropped is counted."""
     from hangd.analysis.engine import Analyzer
-    from hangd.analysis.signals import Thresholds
+    from hangd.analysis.thresholds import Thresholds
 
     an = Analyzer(Thresholds(gone_after_s=10.0, max_changes_in_memory=200, serve_job_quiet_s=10.0))
     node = Node([], analyzer=an)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from hangd.analysis import report
-from hangd.analysis.signals import exception_lines
+from hangd.analysis.nodeview import exception_lines
 from hangd.snapshot import Frame, GpuSample, Snapshot, StackSample, ThreadStack
 
 from .builders import GiB, Node, P, torchrun_env
@@ -218,7 +218,7 @@ def _sigs(**kw: object):
 
 def _book():
     from hangd.analysis.progress import ProgressBook
-    from hangd.analysis.signals import Thresholds
+    from hangd.analysis.thresholds import Thresholds
 
     return ProgressBook(Thresholds())
 
@@ -232,7 +232,7 @@ def test_work_seen_only_by_the_memory_controller_names_the_process_s_first_gpu_a
 
 
 def test_disk_io_of_a_rank_blocked_in_a_collective_is_not_its_progress():
-    from hangd.analysis.signals import MiB
+    from hangd.analysis.thresholds import MiB
 
     for wait, credited in (("collective", False), ("store", False), ("lock_wait", False), ("sleep", True), (None, True)):
         b = _book()
@@ -241,7 +241,7 @@ def test_disk_io_of_a_rank_blocked_in_a_collective_is_not_its_progress():
 
 
 def test_disk_io_just_under_the_line_is_not_progress_whatever_was_not_read():
-    from hangd.analysis.signals import MiB
+    from hangd.analysis.thresholds import MiB
 
     b = _book()
     b.observe(1, _sigs(read_per_s=1 * MiB - 0.5, write_per_s=None), 100.0, None)
@@ -251,7 +251,7 @@ def test_disk_io_just_under_the_line_is_not_progress_whatever_was_not_read():
 
 
 def test_a_slow_reader_s_bytes_count_once_it_read_in_two_distinct_seconds():
-    from hangd.analysis.signals import MiB
+    from hangd.analysis.thresholds import MiB
 
     for active, credited in ((1, False), (2, True)):
         b = _book()
@@ -282,7 +282,8 @@ def test_only_busy_compile_workers_are_counted_under_their_rank():
 
 
 def test_a_log_is_the_progress_of_a_process_without_io_counters_when_it_alone_writes_it():
-    from hangd.analysis.signals import ProcHistory, _wrote_in
+    from hangd.analysis.nodeview import ProcHistory
+    from hangd.analysis.signals import _wrote_in
     from hangd.snapshot import ProcSample
 
     h = ProcHistory(pid=1, first_seen=0.0)
@@ -358,7 +359,9 @@ def _gpu(idx: int, procs: dict[int, int], util: float = 0, **gpm: float) -> GpuS
 
 
 def test_io_counters_that_appear_mid_window_give_no_rate_and_no_error():
-    from hangd.analysis.signals import NodeView, Thresholds, proc_signals
+    from hangd.analysis.nodeview import NodeView
+    from hangd.analysis.signals import proc_signals
+    from hangd.analysis.thresholds import Thresholds
     from hangd.snapshot import ProcSample
 
     th = Thresholds()
@@ -370,7 +373,9 @@ def test_io_counters_that_appear_mid_window_give_no_rate_and_no_error():
 
 
 def test_a_process_on_two_gpus_is_read_on_the_one_it_holds_most_memory_on():
-    from hangd.analysis.signals import NodeView, Thresholds, proc_signals
+    from hangd.analysis.nodeview import NodeView
+    from hangd.analysis.signals import proc_signals
+    from hangd.analysis.thresholds import Thresholds
     from hangd.snapshot import ProcSample
 
     from .builders import IDLE, WORK
@@ -385,7 +390,9 @@ def test_a_process_on_two_gpus_is_read_on_the_one_it_holds_most_memory_on():
 
 
 def test_gpu_memory_that_grows_inside_the_first_window_is_its_change():
-    from hangd.analysis.signals import NodeView, Thresholds, proc_signals
+    from hangd.analysis.nodeview import NodeView
+    from hangd.analysis.signals import proc_signals
+    from hangd.analysis.thresholds import Thresholds
     from hangd.snapshot import ProcSample
 
     th = Thresholds()
@@ -397,7 +404,9 @@ def test_gpu_memory_that_grows_inside_the_first_window_is_its_change():
 
 
 def test_on_a_shared_gpu_a_process_without_sm_time_keeps_only_the_gpu_s_power_and_kind_of_reading():
-    from hangd.analysis.signals import NodeView, Thresholds, proc_signals
+    from hangd.analysis.nodeview import NodeView
+    from hangd.analysis.signals import proc_signals
+    from hangd.analysis.thresholds import Thresholds
     from hangd.snapshot import ProcSample
 
     from .builders import WORK
@@ -414,7 +423,9 @@ def test_on_a_shared_gpu_a_process_without_sm_time_keeps_only_the_gpu_s_power_an
 
 
 def test_a_log_grown_by_a_process_without_io_counters_is_its_own_when_it_alone_writes_it():
-    from hangd.analysis.signals import NodeView, Thresholds, proc_signals
+    from hangd.analysis.nodeview import NodeView
+    from hangd.analysis.signals import proc_signals
+    from hangd.analysis.thresholds import Thresholds
     from hangd.snapshot import FileSample, ProcInfo, ProcSample
 
     th = Thresholds()
@@ -430,7 +441,9 @@ def test_a_log_grown_by_a_process_without_io_counters_is_its_own_when_it_alone_w
 
 
 def test_a_slow_writer_s_bytes_count_like_a_slow_reader_s():
-    from hangd.analysis.signals import MiB, NodeView, Thresholds, proc_signals
+    from hangd.analysis.nodeview import NodeView
+    from hangd.analysis.signals import proc_signals
+    from hangd.analysis.thresholds import MiB, Thresholds
     from hangd.snapshot import ProcSample
 
     th = Thresholds()
@@ -443,7 +456,9 @@ def test_a_slow_writer_s_bytes_count_like_a_slow_reader_s():
 
 
 def test_main_thread_wake_ups_are_counted_only_over_half_a_window_or_more():
-    from hangd.analysis.signals import NodeView, Thresholds, proc_signals
+    from hangd.analysis.nodeview import NodeView
+    from hangd.analysis.signals import proc_signals
+    from hangd.analysis.thresholds import Thresholds
     from hangd.snapshot import ProcSample
 
     th = Thresholds()
@@ -457,7 +472,8 @@ def test_main_thread_wake_ups_are_counted_only_over_half_a_window_or_more():
 
 
 def test_compile_workers_under_a_parent_hangd_does_not_see_are_counted_for_it():
-    from hangd.analysis.signals import NodeView, Thresholds
+    from hangd.analysis.nodeview import NodeView
+    from hangd.analysis.thresholds import Thresholds
     from hangd.snapshot import ProcSample
 
     view = NodeView(Thresholds())
@@ -555,7 +571,7 @@ def test_a_gpu_child_of_a_rank_is_a_rank_only_on_a_gpu_of_its_own_with_more_than
 
 def test_what_counts_as_more_than_a_context_is_the_analyzer_s_setting():
     from hangd.analysis.engine import Analyzer
-    from hangd.analysis.signals import Thresholds
+    from hangd.analysis.thresholds import Thresholds
 
     for line, rank in ((1.5 * GiB, True), (4 * GiB, False)):
         node = Node([P(10, 1), P(11, 10, torchrun_env(0, 1), gpu=0), P(12, 11, {}, gpu=1, gpu_mem=2 * GiB)],
@@ -677,7 +693,7 @@ def _verdict(kind: str):
 
 def _classified(verdict: str | None = None, recent: bool = False, **kw: object):
     from hangd.analysis.local import Context, classify
-    from hangd.analysis.signals import Thresholds
+    from hangd.analysis.thresholds import Thresholds
 
     s = _sigs(**{"state": "S", "gpu_indexes": [0], "gpu_mem": GiB, **kw})
     ctx = Context(verdict=_verdict(verdict), progressed_recently=recent, progress_why="it wrote to its log") if verdict \
@@ -686,7 +702,8 @@ def _classified(verdict: str | None = None, recent: bool = False, **kw: object):
 
 
 def test_one_process_at_a_time_on_each_line_of_the_classifier():
-    from hangd.analysis.signals import GpuSignals, MiB
+    from hangd.analysis.signals import GpuSignals
+    from hangd.analysis.thresholds import MiB
 
     growing = {"gpu_mem_rate": 300 * MiB, "gpu_mem_rate_before": 300 * MiB}
     cases = [  # (signals, verdict, local, why)
@@ -744,7 +761,7 @@ def test_two_ranks_that_exit_together_are_one_incident_naming_them_in_rank_order
 
 def test_an_exception_older_than_the_lookback_is_not_the_cause_of_an_exit():
     from hangd.analysis.engine import Analyzer
-    from hangd.analysis.signals import Thresholds
+    from hangd.analysis.thresholds import Thresholds
 
     node = Node([P(10, 1), *(P(11 + r, 10, torchrun_env(r, 2), gpu=r, log=f"/job/r{r}.log") for r in range(2))],
                 analyzer=Analyzer(Thresholds(exception_lookback_s=5.0)))
@@ -792,7 +809,8 @@ def test_a_gpu_s_readings_are_kept_to_a_bound_and_state_changes_counted_only_whe
     node = _job(look="work")
     node.run(2)
     assert node.changes and node.an.forgotten()["changes"] == 0
-    from hangd.analysis.signals import NodeView, Thresholds
+    from hangd.analysis.nodeview import NodeView
+    from hangd.analysis.thresholds import Thresholds
 
     view = NodeView(Thresholds())
     for k in range(1300):

@@ -8,7 +8,8 @@ import pytest
 from hangd.analysis import stackcat
 from hangd.analysis.local import Context, classify
 from hangd.analysis.model import Local
-from hangd.analysis.signals import GpuSignals, ProcSignals, Thresholds
+from hangd.analysis.signals import GpuSignals, ProcSignals
+from hangd.analysis.thresholds import Thresholds
 
 TH = Thresholds()
 GiB = 1 << 30

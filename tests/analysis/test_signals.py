@@ -57,7 +57,9 @@ def test_a_rank_whose_gpu_spins_for_a_process_of_another_namespace_is_not_the_on
 
 def _cpu_cores(clk_tck: int | None) -> float | None:
     """A process's CPU use over 2 s in which its utime grew by 1000 ticks."""
-    from hangd.analysis.signals import NodeView, Thresholds, proc_signals
+    from hangd.analysis.nodeview import NodeView
+    from hangd.analysis.signals import proc_signals
+    from hangd.analysis.thresholds import Thresholds
 
     th = Thresholds()
     view = NodeView(th)

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from hangd.analysis.engine import Analyzer
-from hangd.analysis.signals import Thresholds
+from hangd.analysis.thresholds import Thresholds
 from hangd.snapshot import Snapshot
 from hangd.sources.output import OutputSource
 from hangd.sources.procfs import ProcSource

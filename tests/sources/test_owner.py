@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from hangd.analysis import owner
-from hangd.analysis.signals import ProcHistory
+from hangd.analysis.nodeview import ProcHistory
 from hangd.incidents import IncidentBook
 from hangd.snapshot import ProcInfo, Snapshot
 from hangd.sources.kube import PodResolver, cgroup_paths, parse_kube_cgroup, status_uid, user_name

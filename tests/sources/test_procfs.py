@@ -12,7 +12,8 @@ from pathlib import Path
 from hangd.redact import REDACTED
 from hangd.snapshot import ProcInfo, ProcSample, Snapshot
 from hangd.sources.output import OutputSource
-from hangd.sources.procfs import ProcSource, describe_cgroup, parse_stat
+from hangd.sources.procfs import ProcSource
+from hangd.sources.procparse import describe_cgroup, parse_stat
 
 CHILD_ENV = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999", "RANK": "0", "WORLD_SIZE": "1",
              "HF_TOKEN": "hf_EXAMPLEsecretEXAMPLEsecret", "NCCL_DEBUG": "WARN",

@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from hangd.analysis.nodeview import NodeView
 from hangd.analysis.progress import ProgressBook
-from hangd.analysis.signals import NodeView, Thresholds
+from hangd.analysis.thresholds import Thresholds
 from hangd.analysis.views import ProcTrack
 from hangd.incidents import IncidentBook
 

@@ -5,7 +5,8 @@ leaked context)."""
 from __future__ import annotations
 
 from hangd.analysis.detectors import Env
-from hangd.analysis.signals import GiB, NodeView
+from hangd.analysis.nodeview import NodeView
+from hangd.analysis.thresholds import GiB
 from hangd.analysis.views import JobView
 from hangd.incidents import Family, IncidentKind
 

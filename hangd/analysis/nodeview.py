@@ -1,0 +1,298 @@
+"""The node's recent history, fed one snapshot at a time: ``NodeView`` with a ``ProcHistory`` per
+process, a ``FileState`` per log, and how log lines are classified (the log catalog, exception lines).
+
+Everything here is computed from snapshots only (no /proc, no NVML).
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections import deque
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+
+from hangd.analysis.hardware import HardwareLog
+from hangd.analysis.thresholds import Thresholds
+from hangd.snapshot import FileSample, GpuSample, ProcInfo, ProcSample, Snapshot, StackSample
+
+COMPILE_COMMS = re.compile(r"^(ptxas|cc1|cc1plus|nvcc|cicc|gcc|g\+\+|clang|ld|as|ninja|compile_worker|triton)", re.I)
+
+
+@lru_cache(maxsize=1)
+def log_catalog() -> dict[str, re.Pattern[str]]:
+    data = tomllib.loads(resources.files("hangd.analysis").joinpath("catalog.toml").read_text())
+    out = {}
+    for kind, pats in (data.get("log") or {}).items():
+        out[kind] = re.compile("|".join(f"(?:{p if p.startswith('^') else re.escape(p)})" for p in pats), re.M)
+    return out
+
+
+def classify_log_lines(text: str) -> tuple[int, set[str]]:
+    """(bytes of lines that are not diagnostic, phase kinds the lines name)."""
+    cat = log_catalog()
+    diag = cat.get("diagnostic")
+    useful = 0
+    kinds: set[str] = set()
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        if diag is not None and diag.search(line):
+            continue
+        useful += len(line) + 1
+        for kind, pat in cat.items():
+            if pat.search(line):  # not "diagnostic": such lines were passed over above
+                kinds.add(kind)
+    return useful, kinds
+
+
+@dataclass
+class FileState:
+    size: int | None = None
+    grew_at: float | None = None  # last time non-diagnostic lines appeared
+    kinds_at: dict[str, float] = field(default_factory=dict)  # phase kind -> last time seen
+    tail: str = ""
+    # exception lines (the last line of a traceback, "RuntimeError: ..."), with when they appeared;
+    # None as the time: already in the file when hangd first read it
+    exceptions: deque[tuple[float | None, str]] = field(default_factory=lambda: deque(maxlen=Thresholds.exceptions_kept))
+
+
+# The last line of a Python traceback: "RuntimeError: mat1 and mat2 shapes cannot be multiplied".
+EXCEPTION_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?((?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt)"
+                            r"(?::\s.*)?)\s*$")
+
+
+def exception_lines(text: str) -> list[str]:
+    """Exception lines of a traceback in ``text``; lines inside a traceback's frames do not count."""
+    out = []
+    in_tb = False
+    for line in text.splitlines():
+        if line.lstrip("[rank0123456789]: ").startswith("Traceback (most recent call last)"):
+            in_tb = True
+            continue
+        m = EXCEPTION_LINE.match(line)
+        if m and (in_tb or ": " in m.group(1)):
+            # whole, with a "[rankN]:" prefix: in a log the ranks share, it says whose exception it is
+            out.append(line.strip()[:500])
+            in_tb = False
+    return out
+
+
+@dataclass
+class ProcHistory:
+    pid: int
+    first_seen: float
+    # Thresholds.history_readings of them; what needs older readings is remembered instead (``wrote``)
+    samples: deque[tuple[float, ProcSample]] = field(default_factory=lambda: deque(maxlen=Thresholds.history_readings))
+    wrote: dict[tuple[float, float], bool | None] = field(default_factory=dict)
+    info: ProcInfo | None = None
+    stacks: list[tuple[float, list[StackSample]]] = field(default_factory=list)
+    first_ppid: int | None = None
+    gone_at: float | None = None
+    zombie_since: float | None = None
+    threads_lost: tuple[float, int, int] | None = None  # (when, threads before, after) of the last drop
+
+    def latest(self) -> ProcSample | None:
+        return self.samples[-1][1] if self.samples else None
+
+
+class NodeView:
+    """The recent history of a node, fed one snapshot at a time."""
+
+    def __init__(self, th: Thresholds | None = None) -> None:
+        self.th = th or Thresholds()
+        self.t = 0.0
+        self.procs: dict[int, ProcHistory] = {}
+        self.gpus: dict[int, deque[tuple[float, GpuSample]]] = {}
+        self.files: dict[str, FileState] = {}
+        self.gpu_of: dict[int, dict[int, int | None]] = {}  # pid -> {gpu index: bytes}
+        self.gpu_seen_at: dict[int, float] = {}
+        self.new_stacks: list[int] = []
+        self.gpu_baseline: dict[int, int] = {}
+        self.compile_children: dict[int, int] = {}
+        self.log_ranks: dict[int, int] = {}  # pid -> rank from torch's "[rankN]" log prefix
+        self.writers: dict[str, int] = {}  # log file -> how many live watched processes write to it
+        self.hw = HardwareLog()  # XIDs and which GPU each process used, kept longer than the readings
+
+    def feed(self, snap: Snapshot) -> None:
+        t = snap.t
+        self.t = max(self.t, t)
+        self.new_stacks = []
+        if snap.gpus:
+            self.gpu_of = {}
+            self.hw.feed(snap)
+        for g in snap.gpus:
+            dq = self.gpus.get(g.index)
+            if dq is None:
+                dq = self.gpus[g.index] = deque(maxlen=self.th.gpu_history_readings)
+            dq.append((t, g))
+            for gp in g.procs:
+                self.gpu_of.setdefault(gp.pid, {})[g.index] = gp.used
+                self.gpu_seen_at[gp.pid] = t
+            if not g.procs and g.mem_used is not None:
+                base = self.gpu_baseline.get(g.index)
+                self.gpu_baseline[g.index] = g.mem_used if base is None else min(base, g.mem_used)
+        for info in snap.infos:
+            h = self._proc(info.pid, t)
+            h.info = info
+            if h.first_ppid is None:
+                h.first_ppid = info.ppid
+        for p in snap.procs:
+            if p.gone:
+                gone = self.procs.get(p.pid)
+                if gone is not None:  # a process never seen (or long forgotten) leaves no history
+                    gone.gone_at = gone.gone_at or t
+                continue
+            h = self._proc(p.pid, t)
+            h.gone_at = None
+            if h.first_ppid is None:
+                h.first_ppid = p.ppid
+            last = h.latest()
+            if last is not None and last.threads is not None and p.threads is not None and p.threads < last.threads:
+                h.threads_lost = (t, last.threads, p.threads)
+            h.samples.append((t, p))
+            if p.state == "Z":
+                h.zombie_since = h.zombie_since or t
+            else:
+                h.zombie_since = None
+        for f in snap.files:
+            self._file(f, t)
+        if snap.stacks:
+            by_pid: dict[int, list[StackSample]] = {}
+            for s in snap.stacks:
+                by_pid.setdefault(s.pid, []).append(s)
+            for pid, ss in by_pid.items():
+                h = self._proc(pid, t)
+                h.stacks.append((t, ss))
+                del h.stacks[:-self.th.stacks_kept]
+                self.new_stacks.append(pid)
+        if snap.procs:
+            self._count_compile_workers()
+            self._count_writers()
+        self._trim(t)
+
+    def _count_writers(self) -> None:
+        self.writers = {}
+        for h in self.procs.values():
+            if h.gone_at is None and h.info is not None:
+                for target in h.info.log_files():
+                    self.writers[target] = self.writers.get(target, 0) + 1
+
+    def _count_compile_workers(self) -> None:
+        """Compiler processes (ptxas, cc1, inductor compile workers) counted for each ancestor."""
+        self.compile_children = {}
+        for h in self.procs.values():
+            lp = h.latest()
+            if lp is None or h.gone_at is not None:
+                continue
+            cmd = " ".join(h.info.cmdline or []) if h.info else ""
+            if not ((lp.comm and COMPILE_COMMS.search(lp.comm)) or "compile_worker" in cmd or "_inductor" in cmd):
+                continue
+            # a warm pool of compile workers sits idle after compiling: count only busy ones
+            if len(h.samples) >= 2:
+                (t0, a), (t1, b) = h.samples[-2], h.samples[-1]
+                used = b.cpu_seconds_between(a)
+                if used is None or t1 <= t0 or used / (t1 - t0) < self.th.compile_worker_cores:
+                    continue
+            elif lp.comm and not COMPILE_COMMS.search(lp.comm):
+                continue
+            cur = lp.ppid
+            for _ in range(self.th.compile_worker_depth):
+                if not cur or cur <= 1:
+                    break
+                self.compile_children[cur] = self.compile_children.get(cur, 0) + 1
+                parent = self.procs.get(cur)
+                pl = parent.latest() if parent else None
+                cur = pl.ppid if pl else None
+
+    def _proc(self, pid: int, t: float) -> ProcHistory:
+        h = self.procs.get(pid)
+        if h is None:
+            h = self.procs[pid] = ProcHistory(pid=pid, first_seen=t, samples=deque(maxlen=self.th.history_readings))
+        return h
+
+    def _file(self, f: FileSample, t: float) -> None:
+        st = self.files.get(f.path)
+        if st is None:
+            st = self.files[f.path] = FileState(exceptions=deque(maxlen=self.th.exceptions_kept))
+        if f.size is None:
+            return
+        if st.size is not None and f.size > st.size:
+            new = ""
+            if f.tail is not None:
+                grown = f.size - st.size
+                start = max(0, len(f.tail) - grown)
+                # judge whole lines: back up to the start of the line the new bytes continue
+                nl = f.tail.rfind("\n", 0, start)
+                new = f.tail[nl + 1 :] if start > 0 else f.tail
+                if start > 0 and nl < 0:  # the line began before the tail we have: drop the fragment
+                    new = new.partition("\n")[2]
+                # an unfinished last line is judged when it is complete
+                new = new[: new.rfind("\n") + 1]
+            useful, kinds = classify_log_lines(new) if f.tail is not None else (f.size - st.size, set())
+            if useful > 0:
+                st.grew_at = t
+            for k in kinds:
+                st.kinds_at[k] = t
+            for line in exception_lines(new):
+                st.exceptions.append((t, line))
+        elif st.size is None and f.tail:
+            for line in exception_lines(f.tail)[-3:]:
+                st.exceptions.append((None, line))
+        if f.tail is not None:
+            st.tail = f.tail
+        st.size = f.size
+
+    def _trim(self, t: float) -> None:
+        """Bound memory: a process gone for ``gone_after_s`` leaves, and with it what is kept by
+        its pid or by the logs only it wrote (a node that starts jobs all day sees a new pid, and
+        often a new log file, every few seconds)."""
+        gone = [p for p, h in self.procs.items() if h.gone_at is not None and t - h.gone_at > self.th.gone_after_s]
+        for pid in gone:
+            del self.procs[pid]
+            self.log_ranks.pop(pid, None)
+        if not gone:
+            return
+        # every reader compares against a few seconds ago: an older sighting says nothing
+        recent = max(self.th.gpu_seen_s, self.th.orphan_gpu_s)
+        for pid in [p for p, at in self.gpu_seen_at.items() if t - at > recent and p not in self.procs]:
+            del self.gpu_seen_at[pid]
+        # a log is read through the processes that write it (their fds): one no process here
+        # writes is never read again
+        written = {target for h in self.procs.values() if h.info is not None for target in h.info.log_files()}
+        for path in [p for p in self.files if p not in written]:
+            del self.files[path]
+
+    # ------------------------------------------------------------------ queries
+
+    def gpu_window_t(self, index: int, t: float, window: float) -> list[tuple[float, GpuSample]]:
+        dq = self.gpus.get(index)
+        if not dq:
+            return []
+        out = []
+        for tt, g in reversed(dq):  # newest first: stop as soon as the window is passed
+            if tt < t - window - 1e-6:
+                break
+            if tt <= t + 1e-6:
+                out.append((tt, g))
+        out.reverse()
+        return out
+
+    def gpu_window(self, index: int, t: float, window: float) -> list[GpuSample]:
+        return [g for _, g in self.gpu_window_t(index, t, window)]
+
+    def proc_window(self, pid: int, t: float, window: float) -> list[tuple[float, ProcSample]]:
+        h = self.procs.get(pid)
+        if h is None:
+            return []
+        out = []
+        for tt, p in reversed(h.samples):
+            if tt > t + 1e-6:
+                continue
+            out.append((tt, p))
+            # keep the sample just before the window so a rate spans the whole window
+            if tt < t - window - 1e-6:
+                break
+        out.reverse()
+        return out
