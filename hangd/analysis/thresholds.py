@@ -70,6 +70,9 @@ class Thresholds:
     # a rank stopped by a signal (state T) runs no code until someone continues it: nothing moving
     # this long with one stopped is a hang (a debugger's stop is state t, not T)
     hang_stopped_s: float = 4.0
+    # ... and with ranks waiting since an exception appeared in the job's logs as it went still
+    # (a worker thread that died): what they wait for will not come
+    hang_after_exception_s: float = 4.0
     startup_max_s: float = 600.0  # a process is "starting" at most this long
     startup_cpu_s: float = 20.0  # CPU work without a GPU counts as setup (imports) this long
     # work on the CPU or moving bytes, once its CUDA context exists, that lasts this long ends its

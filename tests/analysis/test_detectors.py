@@ -169,3 +169,33 @@ def test_memory_stays_bounded_under_job_churn():
     assert len(an.changes) <= 200
     assert not [p for p in an.processes() if p["state"] != "gone"]
     assert an.forgotten()["processes"] >= 100 and an.forgotten()["changes"] > 0  # 120 ranks came and went
+
+
+def _hang_opened_after(with_exception: bool) -> float | None:
+    """Seconds from the last progress to the hang incident, up to 30 s."""
+    node = Node([P(10, 1), *two_ranks(look="work")])
+    node.write_log("/job/log1", "rank 1 ready\n")
+    node.run(5)
+    for pid in (11, 12):  # the GPUs go still
+        node.procs[pid].look = "idle"
+    if with_exception:
+        node.write_log("/job/log1", "Traceback (most recent call last):\n  File \"w.py\", line 3, in run\n"
+                       "RuntimeError: mat1 and mat2 shapes cannot be multiplied (1x4096 and 7168x4096)\n")
+    else:
+        node.write_log("/job/log1", "step 100 loss 1.25\n")
+    node.tick()
+    t0 = node.t
+    stacks(node)
+    while node.t - t0 < 30:
+        node.tick()
+        if node.kinds():
+            return node.t - t0
+    return None
+
+
+def test_ranks_waiting_since_an_exception_hang_sooner_than_a_plain_wait():
+    # the same silence with an exception in a rank's log as it went still is a hang in seconds;
+    # without it the job waits the full host-side threshold (a slow step must not page)
+    soon, plain = _hang_opened_after(True), _hang_opened_after(False)
+    assert soon is not None and plain is not None
+    assert soon <= 6.0 < 11.0 <= plain, (soon, plain)

@@ -51,12 +51,22 @@ def decide(env: Env, jv: JobView) -> IncidentKind | None:
     host = IncidentKind.NCCL_STALL if spinning or any(_in_nccl(env, p) for p in waiting) else IncidentKind.HOST_STALL
     if stopped and jv.quiet >= th.hang_stopped_s and (waiting or jv.job.distributed):
         return host
+    # an exception in the job's logs as it went still (a worker thread that died, a shape mismatch),
+    # and ranks waiting in a collective since: they wait for what will not come
+    if (waiting or spinning) and jv.quiet >= th.hang_after_exception_s and _exception_as_it_stopped(env, jv):
+        return host
     # waiting ranks on another node count: the node of the rank they wait for judges the hang too
     if (waiting or away_waiting) and jv.quiet >= th.hang_host_s:
         return host
     if io_stuck and jv.quiet >= th.hang_io_s:
         return IncidentKind.IO_STALL
     return None
+
+
+def _exception_as_it_stopped(env: Env, jv: JobView) -> bool:
+    """An exception line in a log of the job, logged no earlier than a window before its last progress
+    (one already in the log when hangd first read it is of an unknown time: not this)."""
+    return any(x["t"] is not None for x in report.exceptions(env.view, jv.job, jv.last_progress - env.th.window_s))
 
 
 def _in_nccl(env: Env, pid: int) -> bool:
