@@ -403,16 +403,30 @@ class Analyzer:
         if state == p.state:
             p.pending = None
             p.reason = reason
+            p.away.clear()
             return None
+        p.away.append((t, state, reason))
         # hung is said at once (the incident says it too); orphaned holds for the dwell like the rest:
         # a job torn down rank by rank has its launcher gone a moment before its ranks
         immediate = p.state is None or state == State.HUNG
         if not immediate:
             if p.pending != state:
                 p.pending, p.pending_since = state, t
-                return None
-            if t - p.pending_since < (self.th.idle_dwell_s if state == State.IDLE else self.th.dwell_s):
-                return None
+            held = t - p.pending_since >= (self.th.idle_dwell_s if state == State.IDLE else self.th.dwell_s)
+            if not held:
+                # the readings flicker between other states (busy, quiet, a spin) and none holds the
+                # dwell: once the old state has not been read for twice the dwell, the most frequent
+                # of the new ones is said, not the old one that nothing shows any more
+                if t - p.away[0][0] < 2 * self.th.dwell_s:
+                    return None
+                counts: dict[State, int] = {}
+                for _, st, _ in p.away:
+                    counts[st] = counts.get(st, 0) + 1
+                state = max(counts, key=lambda st: (counts[st], st == state))
+                reason = next(r for _, st, r in reversed(p.away) if st == state)
+                if state == State.IDLE and t - p.away[0][0] < self.th.idle_dwell_s:
+                    return None
+        p.away.clear()
         p.state, p.since, p.reason, p.pending = state, t, reason, None
         return StateChange(t, pid, job.ranks.get(pid), job.id, state, reason, {"signals": s.brief()})
 

@@ -27,6 +27,8 @@ class ProcTrack:
     working_since: float | None = None  # on CPU, reading or writing (for starting -> working) since
     verdict: stackcat.Verdict = stackcat.UNKNOWN
     verdict_t: float | None = None
+    # the states decided since the reported one was last decided (flicker between others: see _set_state)
+    away: deque[tuple[float, State, str]] = field(default_factory=lambda: deque(maxlen=40))
     cpu_stack_asked: float | None = None  # when a stack was last asked for because it worked on the CPU unexplained
     verdict_wchan: str | None = None  # where the kernel had it blocked when the stack was taken
     stack_sig: tuple[str, ...] = ()

@@ -816,3 +816,27 @@ def test_a_gpu_s_readings_are_kept_to_a_bound_and_state_changes_counted_only_whe
     for k in range(1300):
         _feed(view, 1000.0 + k / 4, [], [_gpu(0, {})])
     assert len(view.gpus[0]) == 1200
+
+
+def test_a_state_nothing_shows_any_more_gives_way_to_the_most_frequent_new_one():
+    # readings that flicker between new states (busy, quiet, a spin: a small model's steps over a
+    # slow transport) never hold the dwell each; the old state must not stay for want of one that does
+    from hangd.analysis.engine import Analyzer
+    from hangd.analysis.identity import Job
+    from hangd.analysis.model import State
+    from hangd.analysis.signals import ProcSignals
+
+    an = Analyzer()
+    job = Job(id="j", name="j", ranks={7: 0})
+    sig = ProcSignals(pid=7, age_s=30.0)
+    assert an._set_state(7, job, State.LOADING, "reading", 1000.0, sig) is not None
+    flicker = [State.BUSY, State.IDLE, State.BUSY, State.WAITING_PEER] * 6
+    changes = [an._set_state(7, job, st, f"{st}", 1000.25 + 0.25 * i, sig) for i, st in enumerate(flicker)]
+    said = [c for c in changes if c is not None]
+    assert said and said[0].state == State.BUSY, said
+    assert said[0].t - 1000.25 <= 2 * an.th.dwell_s + 0.5
+    # a single blip inside the old state changes nothing
+    an2 = Analyzer()
+    an2._set_state(7, job, State.LOADING, "reading", 1000.0, sig)
+    seq = [State.LOADING] * 5 + [State.BUSY] + [State.LOADING] * 20
+    assert all(an2._set_state(7, job, st, "x", 1000.25 + 0.25 * i, sig) is None for i, st in enumerate(seq))
