@@ -199,3 +199,20 @@ def test_ranks_waiting_since_an_exception_hang_sooner_than_a_plain_wait():
     soon, plain = _hang_opened_after(True), _hang_opened_after(False)
     assert soon is not None and plain is not None
     assert soon <= 6.0 < 11.0 <= plain, (soon, plain)
+
+
+def test_ranks_waiting_in_different_collectives_are_said_to_have_diverged_without_a_culprit():
+    # a rank that skipped a batch reaches the barrier while its peer is in the step's all_reduce:
+    # the stacks cannot say which one diverged, so none is blamed and the summary says where each waits
+    ar = [("torch/distributed/distributed_c10d.py", "all_reduce"), ("train.py", "step")]
+    bar = [("torch/distributed/distributed_c10d.py", "barrier"), ("train.py", "finish")]
+    for frames1, diverged in ((bar, True), (ar, False)):
+        node = Node([P(10, 1), *two_ranks()])
+        node.run(5)
+        node.stack(11, ar)
+        node.stack(12, frames1)
+        node.run(20)
+        (inc,) = node.an.incidents()
+        assert ("different collectives" in inc.summary) is diverged, inc.summary
+        if diverged:
+            assert inc.culprit_ranks == [] and "barrier called from train.py" in inc.summary

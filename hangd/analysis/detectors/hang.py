@@ -138,11 +138,37 @@ def _culprit(env: Env, jv: JobView) -> Culprit | None:
             return Culprit(jv.by_rank(seen), Strength.STACK, "its peers wait for it in a collective; its stack is elsewhere")
         if others:
             return Culprit(jv.by_rank(others), Strength.INFERRED, "its peers wait for it in a collective")
+        # every rank here waits, and not in the same collective (their stacks say two call sites): their
+        # collective sequences diverged (a rank skipped one, or made one the others do not). Which
+        # one did is not in the stacks (on NCCL the flight recorder says it): no rank is blamed
+        if not others and not jv.remote_fresh and len(waiting) > 1:
+            sites = {p: site for p in waiting if (site := _collective_site(env, p)) is not None}
+            if len(sites) == len(waiting) and len(set(sites.values())) > 1:
+                where = "; ".join(f"rank {job.ranks[p]} in {sites[p]}" for p in jv.by_rank(waiting))
+                return Culprit([], Strength.INFERRED,
+                               f"every rank waits, in different collectives ({where}): their collective "
+                               "sequences diverged, a rank skipped a collective or made one the others do not")
         # every rank here waits: for a rank on another node that its node reports outside a collective
         away = [r for r in jv.remote_fresh if r.waits is False]
         if away:
             return Culprit([], Strength.INFERRED, "its peers wait for it in a collective; its node reports it outside one",
                            remote=sorted(away, key=lambda r: (r.rank if r.rank is not None else 1 << 30, r.node)))
+    return None
+
+
+def _collective_site(env: Env, pid: int) -> str | None:
+    """Where its newest Python stack waits: the innermost torch.distributed call (``barrier``,
+    ``all_reduce``...) or autograd's backward (DDP's all_reduce), with the caller's line; None when
+    its stack is not in one (a native-only capture names no call site to compare)."""
+    tp = env.tracks.get(pid)
+    if tp is None or tp.verdict.kind not in (*WAIT_VERDICTS, "backward"):
+        return None
+    frames = list(tp.stack_sig)  # innermost first, "file:name:line"
+    for i, key in enumerate(frames):
+        if "torch/distributed/distributed_c10d.py:" in key or "torch/autograd/" in key:
+            caller = next((f for f in frames[i + 1:] if not (f.startswith("torch/") or "/torch/" in f)), "")
+            name = key.split(":")[1]
+            return f"{name} called from {caller.rsplit('/', 1)[-1]}" if caller else name
     return None
 
 
@@ -228,6 +254,8 @@ def fill(env: Env, jv: JobView, inc: object) -> None:
                                for p in waiters if p in readings))
     if not culprits and not remote_culprits and not waiters:
         parts.append(f"no rank has progressed for {jv.quiet:.0f} s")
+    if tr.culprit is not None and not tr.culprit.pids and not tr.culprit.remote:
+        parts.append(tr.culprit.source)  # what the evidence says when it names no rank (diverged collectives)
     for p in culprits:
         st = report.stack_brief(env.view, env.tracks.get(p), p)
         if st and st["frames"]:
