@@ -412,7 +412,10 @@ class Analyzer:
         if not immediate:
             if p.pending != state:
                 p.pending, p.pending_since = state, t
-            held = t - p.pending_since >= (self.th.idle_dwell_s if state == State.IDLE else self.th.dwell_s)
+            # idle waits longer (a rank just gone quiet may be in a wait its stack will show), unless
+            # it waits for requests itself (accept, an event loop): that is what idle is
+            serving = p.reading is not None and p.reading.local == Local.SERVING
+            held = t - p.pending_since >= (self.th.idle_dwell_s if state == State.IDLE and not serving else self.th.dwell_s)
             if not held:
                 # the readings flicker between other states (busy, quiet, a spin) and none holds the
                 # dwell: once the old state has not been read for twice the dwell, the most frequent
