@@ -43,10 +43,13 @@ test: deps $(VENV)/.test-installed
 
 # While changing code: no torchrun jobs, no PostgreSQL, no Prometheus, nothing marked slow (markers in
 # pyproject.toml), and a quarter of the fuzz examples (tests/fuzz.py). Needs no Debian packages, so no
-# `deps`. `make test` before a merge still runs all of it.
+# `deps`. `make test` before a merge still runs all of it. On two pytest-xdist workers (FAST_WORKERS=0:
+# in one process); --dist loadgroup keeps the tests that share a replay on one (tests/conftest.py).
 FAST := not torchrun and not postgres and not prometheus and not slow
+FAST_WORKERS ?= 2
 test-fast: $(VENV)/.test-installed
-	HANGD_FUZZ_SCALE=$${HANGD_FUZZ_SCALE:-0.25} $(BIN)/python -m pytest -q --durations=25 -m "$(FAST)" $(PYTEST_ARGS)
+	HANGD_FUZZ_SCALE=$${HANGD_FUZZ_SCALE:-0.25} $(BIN)/python -m pytest -q --durations=25 \
+		-n $(FAST_WORKERS) --dist loadgroup -m "$(FAST)" $(PYTEST_ARGS)
 
 lint: $(VENV)/.test-installed
 	$(BIN)/ruff check hangd migrations tests benchmarks
