@@ -38,15 +38,22 @@ deps:
 		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 
+# Bytecode cached (__pycache__, ignored by git) even where the environment turns it off
+# (PYTHONDONTWRITEBYTECODE): the tests start hangd a hundred times and more, and each start would
+# compile hangd again (about 0.25 s of CPU); pytest would rewrite every test module's asserts again.
+PYCACHE := PYTHONDONTWRITEBYTECODE=
 test: deps $(VENV)/.test-installed
-	$(BIN)/python -m pytest -q --durations=25 $(PYTEST_ARGS)
+	$(PYCACHE) $(BIN)/python -m pytest -q --durations=25 $(PYTEST_ARGS)
 
 # While changing code: no torchrun jobs, no PostgreSQL, no Prometheus, nothing marked slow (markers in
 # pyproject.toml), and a quarter of the fuzz examples (tests/fuzz.py). Needs no Debian packages, so no
-# `deps`. `make test` before a merge still runs all of it.
+# `deps`. `make test` before a merge still runs all of it. On two pytest-xdist workers (FAST_WORKERS=0:
+# in one process); --dist loadgroup keeps the tests that share a replay on one (tests/conftest.py).
 FAST := not torchrun and not postgres and not prometheus and not slow
+FAST_WORKERS ?= 2
 test-fast: $(VENV)/.test-installed
-	HANGD_FUZZ_SCALE=$${HANGD_FUZZ_SCALE:-0.25} $(BIN)/python -m pytest -q --durations=25 -m "$(FAST)" $(PYTEST_ARGS)
+	$(PYCACHE) HANGD_FUZZ_SCALE=$${HANGD_FUZZ_SCALE:-0.25} $(BIN)/python -m pytest -q --durations=25 \
+		-n $(FAST_WORKERS) --dist loadgroup -m "$(FAST)" $(PYTEST_ARGS)
 
 lint: $(VENV)/.test-installed
 	$(BIN)/ruff check hangd migrations tests benchmarks

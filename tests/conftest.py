@@ -99,12 +99,41 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(getattr(pytest.mark, mark))
 
 
+# `make test-fast` runs on pytest-xdist workers with --dist loadgroup: each test goes to whichever
+# worker is free, except that the tests of one group below all go to one worker: those that share
+# the replays of recorded traces (tests/replays.py, or their module's own cache), so each trace is
+# replayed once, and those that write a file of the repo that another of them reads. Grouped by
+# file here, not by xdist_group marks: pytest 9.2 ignores the node ids those marks rewrite.
+WORKER_GROUPS = {
+    "tests/analysis/test_golden.py": "replays",
+    "tests/analysis/test_accuracy.py": "replays",
+    "tests/analysis/test_accuracy_live_gpu.py": "replays",
+    "tests/analysis/test_matrix.py": "matrix",
+    "tests/analysis/test_held_back_traces.py": "held_back",
+    # builds deploy/kubernetes/*.yaml again in place while another test validates them
+    "tests/deploy/test_systemd_k8s.py": "k8s_manifests",
+}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class ByGroups(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return WORKER_GROUPS.get(nodeid.split("::", 1)[0]) or super()._split_scope(nodeid)
+
+    return ByGroups(config, log)
+
+
 def torch_available() -> bool:
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    """Installed, found without importing it: the modules that ask at collection run torch in their
+    jobs' processes, and an import here would cost every collection (each xdist worker's) seconds."""
+    import importlib.util
+
+    return importlib.util.find_spec("torch") is not None
 
 
 @pytest.fixture(autouse=True)

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import uuid
 
 import pytest
 
@@ -51,8 +52,11 @@ def test_cli_errors_are_one_line_exit_2(tmp_path):
         assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
 
 
-def test_status_runs_here_without_gpus():
-    # 3: no GPU visible and no job on this host (tests/test_cli.py pins the blind node's words)
+def test_status_runs_here_without_gpus(monkeypatch):
+    # 3: no GPU visible and no job on this host (tests/test_cli.py pins the blind node's words). A job
+    # is what has this test's own variable: one that another test (another pytest-xdist worker) runs
+    # here meanwhile, with a torch.distributed environment, would make it 4
+    monkeypatch.setenv("HANGD_JOB_ENV", f"HANGD_TEST_JOB_{uuid.uuid4().hex[:8]}")
     out = run_hangd("status", "--seconds", "1", check=False)
     assert out.returncode in (0, 1, 3), out.stderr
     assert "GPUs cannot be seen" in out.stdout or "GPU" in out.stdout

@@ -12,6 +12,7 @@ from hangd.incidents import HANG_KINDS
 from hangd.replay import replay_result, run_replay
 
 from ..conftest import BENIGN, PLANTED_SECRET, SHARED_TRACES, TRACES, run_hangd
+from ..replays import replayed
 
 _cache: dict[str, dict] = {}
 
@@ -23,7 +24,7 @@ def hang_start(name: str) -> float:
 
 def replay(name: str) -> dict:
     if name not in _cache:
-        an, info = run_replay(str(TRACES / name))
+        an, info = replayed(TRACES / name)
         _cache[name] = {"result": replay_result(an), "meta": info["meta"], "analyzer": an}
     return _cache[name]
 

@@ -11,9 +11,10 @@ import pytest
 
 from hangd.evaluate import score
 from hangd.incidents import HANG_KINDS
-from hangd.replay import replay_result, run_replay
+from hangd.replay import replay_result
 
 from ..conftest import DATA, PLANTED_SECRET
+from ..replays import replayed
 
 LIVE = DATA / "traces" / "h200x2-live"
 EXPECT = {
@@ -34,7 +35,7 @@ _cache: dict[str, dict] = {}
 
 def replay(name: str) -> dict:
     if name not in _cache:
-        an, _ = run_replay(str(LIVE / name))
+        an, _ = replayed(LIVE / name)
         _cache[name] = replay_result(an)
     return _cache[name]
 
@@ -108,7 +109,7 @@ HF_RUNS = [(d, n) for d in (HF, HF2) for n in sorted(HF_EXPECT)]
 def replay_hf(name: str, where=HF) -> dict:
     key = f"{where.name}:{name}"
     if key not in _cache:
-        an, _ = run_replay(str(where / name))
+        an, _ = replayed(where / name)
         _cache[key] = replay_result(an)
     return _cache[key]
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +24,9 @@ import pytest
 
 from hangd.analysis.engine import Analyzer
 from hangd.snapshot import Snapshot
-from hangd.trace import TraceReader
 
 from ..conftest import DATA
+from ..replays import snapshots
 
 GOLDEN = Path(__file__).parent / "golden"
 VIEW_EVERY_S = 20.0
@@ -41,9 +42,13 @@ CASES = [
     "h200x2-hf/back_to_back", "h200x2-hf/healthy", "h200x2-hf/slow_load", "h200x2-hf/gloo_handshake",
     "h200x2-hf/worker_died", "h200x2/graph_capture", "h200x2-live/compile",
 ]
-# read and decoded once, when this module is collected: the flight-recorder dumps take most of a
-# replay's time, and a forked test run (mutation testing) inherits them from its parent
-SNAPSHOTS = {case: list(TraceReader(str(DATA / "traces" / case)).snapshots()) for case in CASES}
+# read and decoded once, when this module is collected (tests/replays.py keeps them for the session,
+# the accuracy tests replay them too): the flight-recorder dumps take most of a replay's time, and a
+# forked test run (mutation testing) inherits them from its parent. A pytest-xdist worker (`make
+# test-fast`) reads them when first asked instead: only the one that runs these tests needs them.
+if not os.environ.get("PYTEST_XDIST_WORKER"):
+    for _case in CASES:
+        snapshots(DATA / "traces" / _case)
 
 
 def _plain(x: Any) -> Any:
@@ -63,12 +68,12 @@ def _plain(x: Any) -> Any:
     return x
 
 
-def observe(snapshots: list[Snapshot]) -> dict[str, Any]:
+def observe(snaps: Iterable[Snapshot]) -> dict[str, Any]:
     """Everything the analysis says about a recorded node, in the order it says it."""
     said: dict[str, Any] = {"changes": [], "requests": [], "views": []}
     an = Analyzer()
     next_view = last_t = 0.0
-    for snap in snapshots:
+    for snap in snaps:
         said["changes"] += [c.to_dict() for c in an.step(snap)]
         req = an.take_requests()
         if req.stacks or req.fr_dumps or req.ras:
@@ -108,7 +113,7 @@ def _diff(want: Any, got: Any, where: str = "") -> str | None:
 
 @pytest.mark.parametrize("case", CASES)
 def test_what_the_operator_reads_is_unchanged(case):
-    got = observe(SNAPSHOTS[case])
+    got = observe(snapshots(DATA / "traces" / case))
     path = GOLDEN / (case.replace("/", "--") + ".json")
     if os.environ.get("HANGD_UPDATE_GOLDEN"):
         path.parent.mkdir(exist_ok=True)
