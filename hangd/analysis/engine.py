@@ -19,7 +19,7 @@ import logging
 from collections import deque
 from typing import Any
 
-from hangd.analysis import frjobs, gather, hardware, rankstate, stackcat
+from hangd.analysis import asks, frjobs, gather, hardware, rankstate, stackcat
 from hangd.analysis.detectors import Env, exits, hang, orphan, straggler
 from hangd.analysis.identity import Job, group_jobs
 from hangd.analysis.local import REQUEST_WCHANS, Context, classify
@@ -368,7 +368,7 @@ class Analyzer:
         straggler.track_episodes(self.env, jv)
         straggler.step(self.env, jv)
         orphan.step(self.env, jv, orphans)
-        self._ask_for_evidence(jv)
+        asks.ask_for_evidence(self, jv)
         return self._states(jv, orphans)
 
     def _states(self, jv: JobView, orphans: set[int]) -> list[StateChange]:
@@ -460,40 +460,6 @@ class Analyzer:
             self.dropped["jobs"] += 1
         for key in [k for k in self._fr_out if k[0] not in self.job_tracks]:
             del self._fr_out[key]
-
-    # ------------------------------------------------------------------ requests
-
-    def _ask_for_evidence(self, jv: JobView) -> None:
-        th = self.th
-        tr, live, t = jv.track, jv.live, jv.t
-        if not live:
-            return
-        # a rank on the CPU with no GPU work says what it does only in its stack (compiling, importing,
-        # tokenizing, its own loop): one non-blocking capture, again while it stays so unexplained
-        for p in live:
-            tp = self._track(p)
-            if jv.readings[p].local == Local.CPU and (tp.verdict_t is None or t - tp.verdict_t >= th.cpu_stack_every_s) \
-                    and (tp.cpu_stack_asked is None or t - tp.cpu_stack_asked >= th.cpu_stack_every_s):
-                tp.cpu_stack_asked = t
-                self.requests.stacks.append((p, False))
-        if jv.quiet < th.stack_quiet_s:
-            tr.stacks_asked = []
-            tr.native_asked = False
-            return
-        if all(jv.readings[p].local == Local.BUSY for p in live):
-            return
-        asked = tr.stacks_asked
-        if not asked or (len(asked) < 2 and t - asked[-1] >= th.stack_repeat_s) or t - asked[-1] >= th.stack_recapture_s:
-            asked.append(t)
-            del asked[:-4]
-            self.requests.stacks.extend((p, False) for p in live)
-        if tr.hung and not tr.native_asked:
-            tr.native_asked = True
-            self.requests.stacks.extend((p, True) for p in live)
-            self.requests.ras = True
-            if tr.fr_asked is None or t - tr.fr_asked > th.fr_rerequest_s:
-                tr.fr_asked = t
-                self.requests.fr_dumps.extend(live)
 
 
 def _wait_point(h: ProcHistory) -> str | None:

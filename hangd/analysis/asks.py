@@ -1,0 +1,47 @@
+"""What the analysis asks the sources for next (stacks, native stacks, flight-recorder dumps, NCCL
+RAS), from a job's view at one tick: the live daemon serves the asks, a replay has them recorded."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from hangd.analysis.model import Local
+from hangd.analysis.views import JobView
+
+if TYPE_CHECKING:
+    from hangd.analysis.engine import Analyzer
+
+
+def ask_for_evidence(an: Analyzer, jv: JobView) -> None:
+    """Stacks of a job quiet for a while (again after a pause, and natively once hung), flight
+    recorder dumps and RAS of a hung one, and one stack of a rank working on the CPU unexplained."""
+    th = an.th
+    tr, live, t = jv.track, jv.live, jv.t
+    if not live:
+        return
+    # a rank on the CPU with no GPU work says what it does only in its stack (compiling, importing,
+    # tokenizing, its own loop): one non-blocking capture, again while it stays so unexplained
+    for p in live:
+        tp = an._track(p)
+        if jv.readings[p].local == Local.CPU and (tp.verdict_t is None or t - tp.verdict_t >= th.cpu_stack_every_s) \
+                and (tp.cpu_stack_asked is None or t - tp.cpu_stack_asked >= th.cpu_stack_every_s):
+            tp.cpu_stack_asked = t
+            an.requests.stacks.append((p, False))
+    if jv.quiet < th.stack_quiet_s:
+        tr.stacks_asked = []
+        tr.native_asked = False
+        return
+    if all(jv.readings[p].local == Local.BUSY for p in live):
+        return
+    asked = tr.stacks_asked
+    if not asked or (len(asked) < 2 and t - asked[-1] >= th.stack_repeat_s) or t - asked[-1] >= th.stack_recapture_s:
+        asked.append(t)
+        del asked[:-4]
+        an.requests.stacks.extend((p, False) for p in live)
+    if tr.hung and not tr.native_asked:
+        tr.native_asked = True
+        an.requests.stacks.extend((p, True) for p in live)
+        an.requests.ras = True
+        if tr.fr_asked is None or t - tr.fr_asked > th.fr_rerequest_s:
+            tr.fr_asked = t
+            an.requests.fr_dumps.extend(live)
