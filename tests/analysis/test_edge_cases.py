@@ -840,3 +840,68 @@ def test_a_state_nothing_shows_any_more_gives_way_to_the_most_frequent_new_one()
     an2._set_state(7, job, State.LOADING, "reading", 1000.0, sig)
     seq = [State.LOADING] * 5 + [State.BUSY] + [State.LOADING] * 20
     assert all(an2._set_state(7, job, st, "x", 1000.25 + 0.25 * i, sig) is None for i, st in enumerate(seq))
+
+
+def _reason(node: Node, pid: int) -> str:
+    return next(p["reason"] for p in node.an.processes() if p["pid"] == pid)
+
+
+def test_a_rank_waiting_on_its_workers_names_each_with_what_it_does_and_is_busy_while_one_works():
+    # rank 0 blocks on its DataLoader queue; of its three workers one decodes a batch on the CPU,
+    # one sleeps on its pipe, one is runnable but gets no CPU
+    node = Node([P(10, 1), P(11, 10, torchrun_env(0, 1), gpu=0), P(21, 11, cpu_ticks_per_s=100, state="R", wchan="0"),
+                 P(22, 11, wchan="pipe_read"), P(23, 11, state="R", wchan="0")])
+    node.run(3)
+    node.stack(11, [("torch/utils/data/dataloader.py", "_next_data"), ("train.py", "step")])
+    node.run(3)
+    reason = _reason(node, 11)
+    assert node.state(11) == "busy", reason
+    assert "its DataLoader workers pid 21 (working), pid 22 (sleeping in pipe_read), pid 23 (state R)" in reason, reason
+    assert reason.endswith("; they work: its workers pid 21 work"), reason
+
+
+def test_collectives_that_keep_completing_with_a_rank_that_polls_are_an_idle_server():
+    # rank 0 sleeps between polls of an empty queue; rank 1 sits in the broadcast of each empty batch
+    node = Node([P(10, 1), P(11, 10, torchrun_env(0, 2), gpu=0, wchan="hrtimer_nanosleep"),
+                 P(12, 10, torchrun_env(1, 2), gpu=1, vol_per_s=20)])
+    node.run(5)
+    node.stack(12, COLL)
+    node.run(10)
+    assert node.state(12) == "idle", _reason(node, 12)
+    assert _reason(node, 12).startswith("idle server: the collectives with rank 0 keep completing (20 a second) "
+                                        "and no rank works; this rank: its stack is inside a collective"), _reason(node, 12)
+
+
+@pytest.mark.parametrize(("kw", "set_up"), [
+    ({"gpu": 0, "wchan": "hrtimer_nanosleep"}, True),  # its memory is in and it sleeps in a loop of its own
+    ({"gpu": 0, "wchan": "hrtimer_nanosleep", "gpu_mem": 600 << 20}, False),  # a CUDA context alone
+    ({"cpu_ticks_per_s": 100, "state": "R", "dist_threads": ["gloo"]}, True),  # no GPU, process group up
+    ({"cpu_ticks_per_s": 100, "state": "R"}, False),  # no GPU, no process group yet: importing
+])
+def test_a_young_rank_is_set_up_at_once_by_its_memory_while_asleep_or_its_process_group_while_on_cpu(kw, set_up):
+    node = Node([P(10, 1), P(11, 10, torchrun_env(0, 1), start=1000.0, **kw)])  # type: ignore[arg-type]
+    node.run(3)
+    assert node.an.tracks[11].started is set_up, _reason(node, 11)
+
+
+def test_a_rank_that_exits_after_the_first_is_added_to_its_rank_exited_incident():
+    node = Node([P(10, 1), *(P(11 + r, 10, torchrun_env(r, 3), gpu=r) for r in range(3))])
+    grace = node.an.th.rank_exit_grace_s
+    node.run(3)
+    node.kill(12)  # rank 1
+    node.run(grace + 5)
+    (inc,) = node.an.incidents()
+    assert inc.kind == "rank_exited" and inc.culprit_ranks == [1]
+    node.kill(13)  # rank 2, later
+    node.run(grace + 5)
+    assert node.an.incidents() == [inc] and inc.culprit_ranks == [1, 2], inc.summary
+    assert inc.summary.startswith("rank 1, 2 exited ") and "while rank 0 (pid 11) still runs" in inc.summary, inc.summary
+    assert inc.timeline[-1]["note"] == "rank 2 exited"
+
+
+def test_an_io_stall_with_no_rank_to_blame_says_how_long_nothing_has_progressed():
+    node = _job(state="D", wchan="nfs_wait_on_request")  # both ranks in uninterruptible I/O from the start
+    node.run(node.an.th.hang_io_s + 5)
+    (inc,) = node.an.incidents()
+    assert inc.kind == "io_stall" and inc.culprit_ranks == [], inc.summary
+    assert "no rank has progressed for " in inc.summary, inc.summary
