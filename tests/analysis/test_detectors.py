@@ -216,3 +216,10 @@ def test_ranks_waiting_in_different_collectives_are_said_to_have_diverged_withou
         assert ("different collectives" in inc.summary) is diverged, inc.summary
         if diverged:
             assert inc.culprit_ranks == [] and "barrier called from train.py" in inc.summary
+
+
+def test_a_lone_stopped_process_is_no_hang():
+    # a world of one has no peer waiting for it: stopped (Ctrl-Z) it is hung itself, but no job hangs on it
+    node = Node([P(10, 1), P(11, 10, torchrun_env(0, 1), gpu=0, state="T", wchan="do_signal_stop")])
+    node.run(30)
+    assert node.kinds() == []

@@ -85,3 +85,12 @@ def test_classify_is_pure():
     before = repr(s)
     a, b = classify(s, Context(), TH), classify(s, Context(), TH)
     assert a == b and repr(s) == before
+
+
+def test_a_rank_runnable_most_of_the_window_on_a_host_short_of_cores_works():
+    # 2 cores at load 15 give a training step 0.2 of one: runnable in most readings is work, not silence
+    starved = classify(sig(state="R", wchan="0", cpu_cores=0.2, r_fraction=0.9), Context(), TH)
+    assert starved.local == Local.CPU and "host short of CPU" in starved.why
+    # a thread that waits sleeps: runnable now and then is not enough, nor is running with no CPU at all
+    assert classify(sig(state="R", wchan="0", cpu_cores=0.2, r_fraction=0.3), Context(), TH).local == Local.QUIET
+    assert classify(sig(state="R", wchan="0", cpu_cores=0.0, r_fraction=1.0), Context(), TH).local == Local.QUIET
