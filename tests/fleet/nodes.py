@@ -101,7 +101,10 @@ class NodeNs:
             except psutil.NoSuchProcess:
                 kids = []
             for c in kids:
-                c.kill()
+                try:
+                    c.kill()
+                except psutil.NoSuchProcess:
+                    pass  # it exited between the listing and the kill
             time.sleep(0.2)
         p.kill()
         p.wait(10)
@@ -117,7 +120,10 @@ class NodeNs:
         except psutil.NoSuchProcess:
             orphans = []
         for c in orphans:
-            c.kill()
+            try:
+                c.kill()
+            except psutil.NoSuchProcess:
+                pass
         # the namespace's init only sleeps and never reaps: a killed rank stays a zombie until the
         # namespace closes, so wait for the live ones to die, not for the zombies to go
         t_end = time.time() + 5
