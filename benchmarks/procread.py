@@ -16,11 +16,19 @@ from typing import Any
 import psutil
 
 from benchmarks.common import emit
+from hangd.sources.fdwait import FdWaits
 from hangd.sources.procfs import ProcSource
 from hangd.sources.procparse import _parse_io, _read_bytes, _stat_fields, _status_field
 
 N = 1000
 # a process with the thread count of a torch rank (gloo/NCCL, the CUDA driver, data-loader pins)
+# a rank reading its DataLoader's queue, fed by eight worker processes (fork), each holding the pipes
+LOADER = ("import multiprocessing as mp, time\n"
+          "def work(q):\n    time.sleep(1e6)\n"
+          "if __name__ == '__main__':\n    q = mp.get_context('fork').Queue()\n"
+          "    ws = [mp.get_context('fork').Process(target=work, args=(q,)) for _ in range(8)]\n"
+          "    [w.start() for w in ws]\n    print(' '.join(str(w.pid) for w in ws), flush=True)\n"
+          "    while True:\n        try:\n            q.get(timeout=60)\n        except Exception:\n            pass\n")
 THREADED = "import threading, time\nfor _ in range({n}):\n    threading.Thread(target=time.sleep, args=(1e6,), daemon=True).start()\ntime.sleep(1e6)"
 
 
@@ -104,6 +112,28 @@ def main() -> None:
         finally:
             child.kill()
             child.wait()
+    # What a rank waits on (its syscall, descriptors, who holds their other ends): read fresh, as on
+    # the first tick of a wait or every REFRESH_S after; the ticks between reuse it for one read.
+    rank = subprocess.Popen([sys.executable, "-c", LOADER], stdout=subprocess.PIPE, text=True)
+    try:
+        assert rank.stdout is not None
+        workers = [int(x) for x in rank.stdout.readline().split()]
+        time.sleep(0.5)
+        fw = FdWaits()
+        text = open(f"/proc/{rank.pid}/syscall").read()
+
+        def fresh(pid: int) -> Any:
+            fw._held, fw._tcp = None, {}
+            fw._watched = [pid, *workers]
+            return fw.read(pid, text)
+
+        out["fd_wait_resolve_8_workers_us"] = round(per_call_us(fresh, rank.pid, 100), 1)
+        out["fd_wait_syscall_read_us"] = round(per_call_us(lambda q: open(f"/proc/{q}/syscall").read(), rank.pid), 1)
+    finally:
+        for w in workers:
+            os.kill(w, 9)
+        rank.kill()
+        rank.wait()
     emit(out, f"one process's /proc reads, best of 5 x {N}")
 
 

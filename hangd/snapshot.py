@@ -86,6 +86,22 @@ class Role(StrEnum):
 
 
 @dataclass(slots=True)
+class FdWait:
+    """One file descriptor a process's main thread is blocked on, and who holds its other end
+    (hangd/sources/fdwait.py). ``fd`` -1 with ``kind`` "child" is a wait for a child process."""
+
+    fd: int
+    kind: str  # pipe, unix, tcp, socket (neither), eventfd and other anon inodes, file, child, unknown
+    listening: bool = False  # a socket that accepts connections: input from outside the job
+    holders: list[int] = field(default_factory=list)  # watched pids holding the other end (a pipe: itself too)
+    holders_listen: list[int] = field(default_factory=list)  # those of them (not itself) that listen on a socket
+    local: str | None = None  # tcp: "10.0.0.1:29500"
+    remote: str | None = None
+    remote_here: bool = False  # the other end is a socket of this host (a pipe's always is)
+    writes_itself: bool = False  # a pipe: it holds the write end too (a thread of its own may write it)
+
+
+@dataclass(slots=True)
 class ProcSample:
     """One /proc reading of one process. utime/stime in clock ticks, ``clk_tck`` of them a second."""
 
@@ -109,6 +125,10 @@ class ProcSample:
     # names of torch.distributed threads it runs (gloo, NCCL): a rank even without a GPU or a RANK
     dist_threads: list[str] | None = None
     clk_tck: int | None = None  # the host's SC_CLK_TCK; None: DEFAULT_CLK_TCK (older traces)
+    # the system call its main thread sleeps in ("poll", "read", "futex"; None: unread or not asleep)
+    # and the descriptors it waits on there ([]: none, as in a futex; None: unknown)
+    wait_syscall: str | None = None
+    fd_waits: list[FdWait] | None = None
 
     def cpu_seconds_between(self, earlier: ProcSample) -> float | None:
         """CPU time (user + system, seconds) used since ``earlier``; None when a count is missing."""

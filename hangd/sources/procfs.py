@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from hangd.redact import DEFAULT_ENV_KEEP, filter_environ, redact_cmdline
 from hangd.snapshot import ProcInfo, ProcSample, Role, Snapshot
 from hangd.sources.base import Unavailable
+from hangd.sources.fdwait import FdWaits
 from hangd.sources.kube import PodResolver, parse_kube_cgroup, status_uid, user_name
 from hangd.sources.procparse import (
     CLK_TCK,
@@ -104,6 +105,7 @@ class ProcSource:
     _job_env_cache: tuple[tuple[str, ...], tuple[bytes, ...]] = ((), ())
     # pid -> (stat key, when everything was last read, last reading, when status and io were last read)
     _last: dict[int, tuple[tuple[object, ...], float, ProcSample, float]] = field(default_factory=dict)
+    _fd_waits: FdWaits | None = None
 
     @property
     def _job_env_b(self) -> tuple[bytes, ...]:
@@ -439,8 +441,10 @@ class ProcSource:
     def collect(self, snap: Snapshot) -> None:
         gpu_pids = {p.pid for g in snap.gpus for p in g.procs}
         watched = self.watched(gpu_pids)
+        # the parents of ranks; a child that inherited its parent's RANK (a DataLoader worker) makes
+        # its parent no launcher
         self._rank_parents = {k.ppid for c in watched if (k := self._known.get(c)) is not None
-                              and (c in gpu_pids or k.job_env or self._hinted(k))} - \
+                              and (c in gpu_pids or k.job_env or self._hinted(k)) and not self._inherits_rank(k)} - \
             {p for p, k in self._known.items() if k.rank_zero}
         for pid in sorted(watched):
             known = self._known.get(pid)
@@ -459,6 +463,9 @@ class ProcSource:
                 known.info_sent = True
             known.ppid = s.ppid if s.ppid is not None else known.ppid
             snap.procs.append(s)
+        if self._fd_waits is None:
+            self._fd_waits = FdWaits(self.proc_root)
+        self._fd_waits.collect(snap.procs, watched)
         for pid in self._watched - watched:
             if pid not in self._known:
                 snap.procs.append(ProcSample(pid=pid, gone=True))

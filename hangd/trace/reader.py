@@ -17,6 +17,7 @@ from hangd.flightrec.rows import from_rows
 from hangd.redact import filter_environ, redact_cmdline
 from hangd.snapshot import (
     Action,
+    FdWait,
     FileSample,
     FrDump,
     GpuProc,
@@ -33,6 +34,7 @@ from hangd.snapshot import (
 from hangd.sources.stacks import parse_stack
 from hangd.trace.redaction import redact_dump, redact_strings
 from hangd.trace.schema import (
+    FDWAIT_FIELDS,
     FORMAT,
     GPU_FIELDS,
     INFO_FIELDS,
@@ -249,7 +251,10 @@ class TraceReader:
             d["procs"] = [GpuProc(pid=int(p["pid"]), used=p.get("used")) for p in ev.get("procs") or []]
             snap.gpus.append(GpuSample(**d))
         elif kind == "proc":
-            snap.procs.append(ProcSample(**_pick(ev, PROC_FIELDS)))
+            d = _pick(ev, PROC_FIELDS)
+            if ev.get("fd_waits") is not None:
+                d["fd_waits"] = [FdWait(**_pick(w, FDWAIT_FIELDS)) for w in ev["fd_waits"]]
+            snap.procs.append(ProcSample(**d))
         elif kind == "proc_info":
             info = ProcInfo(**_pick(ev, INFO_FIELDS))
             # a replayed trace is a source like any other: secrets are dropped where data enters

@@ -31,7 +31,7 @@ from pydantic import (
     create_model,
 )
 
-from hangd.snapshot import GpuProc, GpuSample, ProcInfo, ProcSample, RemoteRank
+from hangd.snapshot import FdWait, GpuProc, GpuSample, ProcInfo, ProcSample, RemoteRank
 
 FORMAT = "hangd-trace/1"
 MAX_INT = 2**63 - 1  # what a database column holds
@@ -161,9 +161,10 @@ def required_of(cls: Any) -> set[str]:
 # ---------------------------------------------------------------- the records
 
 GPU_FIELDS = hints_of(GpuSample, skip=("procs",))
-PROC_FIELDS = hints_of(ProcSample)
+PROC_FIELDS = hints_of(ProcSample, skip=("fd_waits",))
 INFO_FIELDS = hints_of(ProcInfo)
 REMOTE_FIELDS = hints_of(RemoteRank)
+FDWAIT_FIELDS = hints_of(FdWait)
 
 _ENVELOPE = {"t": (Annotated[float, Field(ge=0, allow_inf_nan=False)], ...), "kind": (str, ...)}
 
@@ -174,6 +175,7 @@ def _event(kind: str, hints: dict[str, Any], required: set[str], **given: Any) -
 
 
 GpuProcRecord = model("gpu_proc", hints_of(GpuProc), {"pid"})
+FdWaitRecord = model("fd_wait", FDWAIT_FIELDS, {"fd", "kind"})
 RemoteRankRecord = model("remote_rank", REMOTE_FIELDS,
                          required_of(RemoteRank) - {"rank", "state", "reason", "waits", "last_progress"})
 # one item of a remote_dumps event: the file it names holds a dump in the rows a shared store
@@ -183,7 +185,7 @@ RemoteDumpItem = model("remote_dump", {"job": str, "node": str, "rank": int, "re
 
 EVENTS: dict[str, type[BaseModel]] = {
     "gpu": _event("gpu", GPU_FIELDS, required_of(GpuSample), procs=list[GpuProcRecord]),  # type: ignore[valid-type]
-    "proc": _event("proc", PROC_FIELDS, required_of(ProcSample)),
+    "proc": _event("proc", PROC_FIELDS, required_of(ProcSample), fd_waits=list[FdWaitRecord]),  # type: ignore[valid-type]
     "proc_info": _event("proc_info", INFO_FIELDS, required_of(ProcInfo)),
     "file": _event("file", {"path": str, "size": int | None}, {"path"}),
     "stack": _event("stack", {"pid": int, "tool": str, "native": bool | None, "format": str, "seconds": float | None,
