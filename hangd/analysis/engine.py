@@ -19,7 +19,7 @@ import logging
 from collections import deque
 from typing import Any
 
-from hangd.analysis import asks, frjobs, gather, hardware, rankstate, stackcat
+from hangd.analysis import asks, frjobs, gather, hardware, otherend, rankstate, stackcat
 from hangd.analysis.detectors import Env, exits, hang, orphan, straggler
 from hangd.analysis.identity import Job, group_jobs
 from hangd.analysis.local import REQUEST_WCHANS, Context, classify
@@ -304,7 +304,7 @@ class Analyzer:
                 (pr.last_strong is None or pr.last_strong <= p.verdict_t + th.window_s) and \
                 _same_wait_point(p.verdict_wchan, s)
         return Context(verdict=p.verdict if fresh else stackcat.UNKNOWN, progressed_recently=pr.recent(t, th.window_s),
-                       progress_why=pr.why)
+                       progress_why=pr.why, other_end=otherend.other_end(self.view, pid))
 
     def _last_wait(self, pid: int, s: ProcSignals, t: float) -> str | None:
         """The kind of wait its last stack showed, while it stays at the same kernel wait point."""

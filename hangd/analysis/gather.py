@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from hangd.analysis import local, rankstate
+from hangd.analysis import local, otherend, rankstate
 from hangd.analysis.detectors import hang, orphan
 from hangd.analysis.model import Local, Reading
 from hangd.analysis.signals import ProcSignals
@@ -159,6 +159,20 @@ def child_works(an: Analyzer, pid: int, t: float) -> bool:
     runnable = sum(p.state == "R" for _, p in win) / len(win)
     return cores >= th.busy_cpu_cores / 2 or (runnable >= th.runnable_fraction and cores >= 2 * th.cpu_active_cores)
 
+def still_for(an: Analyzer, pid: int, t: float) -> float | None:
+    """How long it has used no CPU, over the history kept (None: it used some at the last reading)."""
+    samples = an.view.procs[pid].samples
+    if not samples:
+        return None
+    last_t, last = samples[-1]
+    since = None
+    for st, sp in reversed(samples):
+        if (sp.utime, sp.stime) != (last.utime, last.stime):
+            break
+        since = st
+    return t - since if since is not None and since < last_t else None
+
+
 def waits_on(an: Analyzer, pid: int, jv: JobView) -> tuple[rankstate.WaitsOn, str]:
     """What it waits on, and for a worker of its own which one and what that one does."""
     W = rankstate.WaitsOn
@@ -168,18 +182,27 @@ def waits_on(an: Analyzer, pid: int, jv: JobView) -> tuple[rankstate.WaitsOn, st
         return W.PEER, ""
     if loc == Local.STOPPED:
         return W.STOPPED, ""
+    oe = otherend.other_end(an.view, pid)
     if loc == Local.SERVING:
-        return W.OUTSIDE, ""
+        return W.OUTSIDE, oe.what if oe is not None and oe.kind == otherend.OUTSIDE else ""
+    if loc == Local.WORKER_WAIT and oe is not None and oe.kind == otherend.OWN_THREAD:
+        return W.OWN_WORKER, "a thread of its own"
     if loc == Local.WORKER_WAIT:
-        kids = children(an, pid)
+        kids = [p for p in oe.pids if p in an.view.procs] if oe is not None and oe.kind == otherend.OWN_WORKER \
+            else []
+        kids = kids or children(an, pid)
         if not kids:
             return W.OWN_WORKER, "a thread of its own"
         words = []
         for c in kids[:3]:
             lp = an.view.procs[c].latest()
-            assert lp is not None
+            if lp is None:
+                continue
+            still = still_for(an, c, jv.t)
+            asleep = lp.state in ("S", "D") and lp.wchan and lp.wchan != "0"
             doing = "working" if child_works(an, c, jv.t) else \
-                (f"sleeping in {lp.wchan}" if lp.wchan and lp.wchan != "0" else f"state {lp.state}")
+                f"sleeping in {lp.wchan}" + (f" for {still:.0f} s" if still is not None and still >= 1 else "") \
+                if asleep else f"state {lp.state}"
             words.append(f"pid {c} ({doing})")
         name = "DataLoader worker" if any("dataloader" in f for f in an._track(pid).stack_sig) else "worker"
         return W.OWN_WORKER, f"its {name}{'s' if len(kids) > 1 else ''} " + ", ".join(words) + \
@@ -246,6 +269,6 @@ def name_workers(an: Analyzer, jv: JobView) -> None:
     for pid, rd in list(jv.readings.items()):
         if rd.local == Local.WORKER_WAIT:
             _, detail = waits_on(an, pid, jv)
-            if detail:
+            if detail and detail.split(":")[0] not in rd.why:
                 jv.readings[pid] = Reading(rd.local, f"{rd.why}: {detail}")
                 an.tracks[pid].reading = jv.readings[pid]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hangd.analysis import stackcat
+from hangd.analysis import otherend, stackcat
 from hangd.analysis.model import Local, Reading
 from hangd.analysis.signals import ProcSignals
 from hangd.analysis.thresholds import GiB, Thresholds
@@ -27,6 +27,8 @@ class Context:
     verdict: stackcat.Verdict = stackcat.UNKNOWN  # its stack's verdict, only while it still describes it
     progressed_recently: bool = False  # strong progress within the window
     progress_why: str = ""
+    # whose is the other end of the descriptors its main thread sleeps on (otherend.py); None: unknown
+    other_end: otherend.OtherEnd | None = None
 
 
 def classify(s: ProcSignals, ctx: Context, th: Thresholds) -> Reading:
@@ -100,6 +102,16 @@ def classify(s: ProcSignals, ctx: Context, th: Thresholds) -> Reading:
     if v.kind == "backward" and s.state in ("S", "D") and (s.cpu_cores or 0) < th.cpu_active_cores:
         return Reading(Local.WAITING, f"its stack is {v.why} ({v.frame}) and it sleeps: DDP's gradient "
                                       "all_reduce waits for a peer")
+    oe = ctx.other_end
+    if oe is not None and (s.cpu_cores or 0) < th.busy_cpu_cores:
+        # what the descriptors say beats a frame's name: a select() may wait on a worker or a client
+        frame = f" ({v.frame})" if v.known else ""
+        if oe.kind == otherend.OUTSIDE:
+            return Reading(Local.SERVING, f"waiting for input from outside its job in {oe.call}{frame}: {oe.what}")
+        if oe.kind in (otherend.OWN_WORKER, otherend.OWN_THREAD):
+            return Reading(Local.WORKER_WAIT, f"its main thread waits in {oe.call}{frame} on {oe.brief}")
+        if oe.kind == otherend.PEER:
+            return Reading(Local.WAITING, f"its main thread waits in {oe.call}{frame} on {oe.what}")
     if v.kind == "worker_wait":
         return Reading(Local.WORKER_WAIT, f"its stack is {v.why} ({v.frame})")
     if not s.gpu_indexes and (s.cpu_cores or 0) >= th.cpu_active_cores and ctx.progressed_recently:

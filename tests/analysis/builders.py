@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from hangd.analysis.engine import Analyzer
 from hangd.snapshot import (
+    FdWait,
     FileSample,
     Frame,
     GpuProc,
@@ -53,6 +54,8 @@ class P:
     dist_threads: list[str] | None = None
     start: float = 0.0
     role: str | None = None  # what the /proc source called it (worker, launcher, child)
+    wait_syscall: str | None = None  # the call its main thread sleeps in, and on which descriptors
+    fd_waits: list[FdWait] | None = None
 
 
 class Node:
@@ -122,7 +125,8 @@ class Node:
                                              "wchar": int(c["wchar"])},
                                          voluntary_ctxt_switches=int(c["vol"]), nonvoluntary_ctxt_switches=0,
                                          start_time=p.start or 999.0, dist_threads=p.dist_threads,
-                                         role=Role(p.role) if p.role else None))
+                                         role=Role(p.role) if p.role else None,
+                                         wait_syscall=p.wait_syscall, fd_waits=p.fd_waits))
             if p.pid not in self.sent_info:
                 self.sent_info.add(p.pid)
                 snap.infos.append(ProcInfo(pid=p.pid, ppid=p.ppid, cmdline=p.cmdline, environ=dict(p.env),

@@ -856,7 +856,7 @@ def test_a_rank_waiting_on_its_workers_names_each_with_what_it_does_and_is_busy_
     node.run(3)
     reason = _reason(node, 11)
     assert node.state(11) == "busy", reason
-    assert "its DataLoader workers pid 21 (working), pid 22 (sleeping in pipe_read), pid 23 (state R)" in reason, reason
+    assert "its DataLoader workers pid 21 (working), pid 22 (sleeping in pipe_read for 6 s), pid 23 (state R)" in reason, reason
     assert reason.endswith("; they work: its workers pid 21 work"), reason
 
 

@@ -1,0 +1,147 @@
+"""Whose is the other end of a wait (hangd/analysis/otherend.py), and what a rank's state becomes
+with it: a wait on the job's own worker, thread or launcher is internal (a hang when nothing
+moves), a wait on a listening socket or on input no process of the job sends is idle."""
+
+from __future__ import annotations
+
+import pytest
+
+from hangd.analysis import otherend, stackcat
+from hangd.analysis.local import Context, classify
+from hangd.analysis.model import Local
+from hangd.analysis.nodeview import NodeView
+from hangd.snapshot import FdWait, ProcSample, Role, Snapshot
+
+from .builders import Node, P, torchrun_env
+from .test_local import IDLE, TH, sig
+
+RANK, CHILD, LAUNCHER, PEER, FRONT = 11, 21, 10, 12, 30
+
+
+def view(waits: list[FdWait] | None, call: str = "poll", state: str = "S") -> NodeView:
+    """A launcher with two ranks, one of which (RANK) has a child; RANK sleeps in ``call`` on ``waits``."""
+    v = NodeView()
+    snap = Snapshot(t=100.0, procs=[
+        ProcSample(pid=LAUNCHER, ppid=1, state="S", role=Role.LAUNCHER),
+        ProcSample(pid=RANK, ppid=LAUNCHER, state=state, role=Role.WORKER, wait_syscall=call, fd_waits=waits),
+        ProcSample(pid=PEER, ppid=LAUNCHER, state="S", role=Role.WORKER),
+        ProcSample(pid=CHILD, ppid=RANK, state="S", role=Role.CHILD),
+        ProcSample(pid=FRONT, ppid=1, state="S", role=Role.CHILD),
+    ])
+    v.feed(snap)
+    return v
+
+
+CASES = [
+    # (name, descriptors, kind, a phrase of what it says)
+    ("a DataLoader queue: a pipe its worker holds", [FdWait(fd=5, kind="pipe", holders=[RANK, CHILD])],
+     otherend.OWN_WORKER, f"held by its child pid {CHILD}"),
+    ("a socketpair to its pool process", [FdWait(fd=7, kind="unix", holders=[CHILD], remote_here=True)],
+     otherend.OWN_WORKER, f"a Unix socket held by its child pid {CHILD}"),
+    ("subprocess.wait on its child", [FdWait(fd=-1, kind="child", holders=[CHILD])],
+     otherend.OWN_WORKER, f"the exit of its child pid {CHILD}"),
+    ("waitpid(-1): any child", [FdWait(fd=-1, kind="child")], otherend.OWN_WORKER, f"pid {CHILD}"),
+    ("a pipe only it holds, both ends", [FdWait(fd=3, kind="pipe", holders=[RANK], writes_itself=True)],
+     otherend.OWN_THREAD, "a thread of its own"),
+    ("a socketpair of its own", [FdWait(fd=3, kind="unix", holders=[RANK], remote_here=True)],
+     otherend.OWN_THREAD, "only it holds"),
+    ("a pipe its launcher writes", [FdWait(fd=4, kind="pipe", holders=[RANK, LAUNCHER])],
+     otherend.OWN_WORKER, f"its launcher pid {LAUNCHER}"),
+    ("a TCP connection to the other rank", [FdWait(fd=9, kind="tcp", holders=[PEER], remote_here=True,
+                                                   local="127.0.0.1:4000", remote="127.0.0.1:4001")],
+     otherend.PEER, f"to the rank pid {PEER}"),
+    ("a listening socket", [FdWait(fd=6, kind="tcp", listening=True, local="0.0.0.0:8000")],
+     otherend.OUTSIDE, "a listening TCP socket on 0.0.0.0:8000"),
+    ("a server's epoll set: its own wake-up pipe and a listening socket",
+     [FdWait(fd=3, kind="pipe", holders=[RANK], writes_itself=True), FdWait(fd=6, kind="unix", listening=True)],
+     otherend.OUTSIDE, "listening Unix socket"),
+    ("requests from a front end that listens", [FdWait(fd=8, kind="unix", holders=[FRONT], holders_listen=[FRONT],
+                                                      remote_here=True)],
+     otherend.OUTSIDE, f"from pid {FRONT}, which listens"),
+    ("a connection to another host", [FdWait(fd=8, kind="tcp", local="10.0.0.1:5000", remote="10.0.0.2:6000")],
+     otherend.OUTSIDE, "to 10.0.0.2:6000 whose other end no process of its job holds"),
+    ("a pipe another program writes (stdin from a shell)", [FdWait(fd=0, kind="pipe", holders=[RANK])],
+     otherend.OUTSIDE, "no process of its job holds"),
+]
+
+
+@pytest.mark.parametrize(("name", "waits", "kind", "says"), CASES, ids=[c[0] for c in CASES])
+def test_the_other_end(name, waits, kind, says):
+    oe = otherend.other_end(view(waits), RANK)
+    assert oe is not None and oe.kind == kind, f"{name}: {oe}"
+    assert says in oe.what, f"{name}: {oe.what}"
+    assert oe.call == "poll"
+
+
+@pytest.mark.parametrize(("name", "waits", "state"), [
+    ("a trace recorded before descriptors were read", None, "S"),
+    ("a futex: no descriptor", [], "S"),
+    ("an eventfd (zmq, asyncio): nobody known at the other end", [FdWait(fd=5, kind="eventfd")], "S"),
+    ("a descriptor it could not read", [FdWait(fd=5, kind="unknown")], "S"),
+    ("running: the wait is over", [FdWait(fd=5, kind="pipe", holders=[RANK, CHILD])], "R"),
+])
+def test_unknown_other_ends_leave_the_stack_to_decide(name, waits, state):
+    assert otherend.other_end(view(waits, state=state), RANK) is None, name
+
+
+SELECT = stackcat.Verdict("request_wait", "waiting for requests", "selectors.py:select:415", "MainThread", 60)
+OWN = otherend.OtherEnd(otherend.OWN_WORKER, f"a pipe held by its child pid {CHILD}", (CHILD,), "poll")
+OUT = otherend.OtherEnd(otherend.OUTSIDE, "a listening TCP socket on 0.0.0.0:8000", (), "epoll_wait")
+
+
+@pytest.mark.parametrize(("name", "s", "verdict", "oe", "want"), [
+    ("select() on its worker's pipe: the stack alone says requests", sig(gpu=IDLE, wchan="do_sys_poll"), SELECT, OWN,
+     Local.WORKER_WAIT),
+    ("no stack, asleep in poll on its worker's pipe", sig(gpu=IDLE, wchan="do_sys_poll"), None, OWN, Local.WORKER_WAIT),
+    ("no stack, asleep in epoll on a listening socket", sig(wchan="ep_poll"), None, OUT, Local.SERVING),
+    ("the same poll without descriptors read: the wchan says requests", sig(gpu=IDLE, wchan="do_sys_poll"), None,
+     None, Local.SERVING),
+    ("busy on other threads while the main thread polls: the descriptors do not decide",
+     sig(gpu=IDLE, wchan="do_sys_poll", cpu_cores=1.5), None, OWN, None),
+])
+def test_classify_reads_the_other_end_before_a_frame_s_name(name, s, verdict, oe, want):
+    got = classify(s, Context(verdict=verdict or stackcat.UNKNOWN, other_end=oe), TH)
+    decided = want is not None and oe is not None
+    if want is None:
+        want = classify(s, Context(verdict=verdict or stackcat.UNKNOWN), TH).local
+    assert got.local == want, f"{name}: {got}"
+    if decided:
+        assert oe.brief in got.why and oe.call in got.why, got.why
+
+
+def _reason(node: Node, pid: int) -> str:
+    return next(p["reason"] for p in node.an.processes() if p["pid"] == pid)
+
+
+def _select_job(waits: list[FdWait]) -> Node:
+    """A 2-rank job with no GPU: rank 1 sleeps in select() on ``waits``, its stack only its own frame
+    above select (what py-spy shows of a C call); rank 0 waits for it in a collective."""
+    return Node([P(10, 1), P(11, 10, torchrun_env(0, 2), dist_threads=["gloo"], role="worker"),
+                 P(12, 10, torchrun_env(1, 2), wchan="do_select", dist_threads=["gloo"], role="worker",
+                   wait_syscall="pselect6", fd_waits=waits),
+                 P(22, 12, role="child")])
+
+
+def test_a_rank_selecting_on_its_child_s_pipe_is_a_hang_naming_the_child():
+    node = _select_job([FdWait(fd=5, kind="pipe", holders=[12, 22])])
+    node.run(2)
+    node.stack(11, [("torch/distributed/distributed_c10d.py", "all_reduce"), ("train.py", "step")])
+    node.stack(12, [("train.py", "read_batch"), ("train.py", "step")])
+    node.run(40)
+    assert node.state(12) == "hung", _reason(node, 12)
+    hangs = [i for i in node.an.incidents() if i.kind == "host_stall"]
+    assert len(hangs) == 1 and hangs[0].culprit_ranks == [1], [(i.kind, i.culprit_ranks) for i in node.an.incidents()]
+    assert "pid 22" in hangs[0].summary, hangs[0].summary
+    assert not [i for i in node.an.incidents() if i.kind == "straggler"]
+
+
+def test_the_same_rank_selecting_on_a_listening_socket_is_an_idle_server():
+    node = _select_job([FdWait(fd=5, kind="tcp", listening=True, local="0.0.0.0:8000")])
+    node.run(2)
+    node.stack(11, [("torch/distributed/distributed_c10d.py", "broadcast"), ("server.py", "loop")])
+    node.stack(12, [("server.py", "accept_loop"), ("server.py", "main")])
+    node.run(40)
+    assert node.state(12) == "idle", _reason(node, 12)
+    assert "listening TCP socket on 0.0.0.0:8000" in _reason(node, 12)
+    assert not [i for i in node.an.incidents() if i.kind in ("host_stall", "nccl_stall", "straggler")], \
+        [i.kind for i in node.an.incidents()]
