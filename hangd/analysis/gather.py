@@ -106,7 +106,10 @@ def evidence(an: Analyzer, pid: int, jv: JobView, facts: dict[str, Any], orphane
         orphaned=orphaned, orphan_why=orphan.reason(an.view, pid) if orphaned else "",
         job_hung=job_hung, hung_why=facts["hung_why"], hung_ref=facts["hung_ref"], age_s=s.age_s,
         idle_server=facts["idle"] and not worker_stuck, idle_why=facts["idle_why"],
-        hold=facts["hold"], peers_wait_for_it=peers_wait, it_waits_for=it_waits_for)
+        # a wait on its own workers that do not move keeps what it did before, as a first wait for a
+        # peer does, until the job is judged hung or the wait outlasts the hang threshold twice
+        hold=facts["hold"] or (worker_stuck and jv.quiet < 2 * an.th.hang_host_s),
+        peers_wait_for_it=peers_wait, it_waits_for=it_waits_for)
 
 def progress_record(an: Analyzer, pid: int, s: ProcSignals, t: float) -> tuple[dict[str, rankstate.Moved], dict[str, str]]:
     th = an.th

@@ -63,7 +63,7 @@ class Local(StrEnum):
 LOCAL_TO_STATE: dict[Local, State] = {
     Local.BUSY: State.BUSY, Local.CPU: State.BUSY, Local.QUIET: State.IDLE, Local.SERVING: State.IDLE,
     Local.LOADING: State.LOADING, Local.GRAPH_CAPTURE: State.GRAPH_CAPTURE, Local.COMPILING: State.COMPILING,
-    Local.IO_WAIT: State.LOADING, Local.WRITING: State.BUSY, Local.WORKER_WAIT: State.IDLE,
+    Local.IO_WAIT: State.LOADING, Local.WRITING: State.BUSY, Local.WORKER_WAIT: State.BUSY,
 }
 
 

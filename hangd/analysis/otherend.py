@@ -100,14 +100,14 @@ def other_end(view: NodeView, pid: int) -> OtherEnd | None:
                 return OtherEnd(OWN_WORKER, f"the exit of its child pid {_pids(kids)}", tuple(kids), call,
                                 "the exit of its child")
             continue
-        if w.holders_listen:
-            fronts = [p for p in w.holders_listen if p != pid]
-            return OtherEnd(OUTSIDE, f"{_sock(w)} from pid {_pids(fronts)}, which listens for connections",
-                            tuple(fronts), call)
         mine = [p for p in others if p in desc]
-        if mine:
+        if mine:  # its own children first: a forked worker inherits its listening sockets too
             chan = f"{_sock(w)} held by its {'child' if len(mine) == 1 else 'children'}"
             return OtherEnd(OWN_WORKER, f"{chan} pid {_pids(mine)}", tuple(mine), call, chan)
+        fronts = [p for p in w.holders_listen if p != pid and p not in desc]
+        if fronts:
+            return OtherEnd(OUTSIDE, f"{_sock(w)} from pid {_pids(fronts)}, which listens for connections",
+                            tuple(fronts), call)
         peers = [p for p in others if p in ranks]
         if peers:
             return OtherEnd(PEER, f"{_sock(w)} to the rank pid {_pids(peers)}", tuple(peers), call)

@@ -336,8 +336,10 @@ class FdWaits:
         """Which of ``pids`` hold a listening socket (TCP or Unix): a front end taking requests.
         The kernel is asked about each of their sockets (Unix ones by ``sock_diag``); the TCP table,
         slow to generate on a busy host (milliseconds), is read only for sockets that are not Unix."""
+        # a socket the waiting rank holds as well is one they share by inheritance (a fork), not a
+        # front end's own
         sockets = {int(t[8:-1]): holders & pids for t, holders in self._index().items()
-                   if holders & pids and t.startswith("socket:[") and t[8:-1].isdigit()}
+                   if holders & pids and pid not in holders and t.startswith("socket:[") and t[8:-1].isdigit()}
         out: set[int] = set()
         tcp_candidates = []
         for ino, holders in list(sockets.items())[:MAX_FDS]:

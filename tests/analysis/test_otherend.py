@@ -36,6 +36,9 @@ CASES = [
     # (name, descriptors, kind, a phrase of what it says)
     ("a DataLoader queue: a pipe its worker holds", [FdWait(fd=5, kind="pipe", holders=[RANK, CHILD])],
      otherend.OWN_WORKER, f"held by its child pid {CHILD}"),
+    ("a DataLoader worker that inherited the rank's listening socket (gloo's)",
+     [FdWait(fd=5, kind="pipe", holders=[RANK, CHILD], holders_listen=[CHILD])],
+     otherend.OWN_WORKER, f"held by its child pid {CHILD}"),
     ("a socketpair to its pool process", [FdWait(fd=7, kind="unix", holders=[CHILD], remote_here=True)],
      otherend.OWN_WORKER, f"a Unix socket held by its child pid {CHILD}"),
     ("subprocess.wait on its child", [FdWait(fd=-1, kind="child", holders=[CHILD])],

@@ -43,7 +43,9 @@ ROWS = [
     (replace(BASE, local=Local.WORKER_WAIT, why="its stack is waiting for a worker of its own",
              progress={"children": Moved.YES}, how={"children": "its workers pid 41, 42 work"}), State.BUSY, "workers_work"),
     (replace(BASE, local=Local.WORKER_WAIT, why="its stack is waiting for a worker of its own",
-             progress={"children": Moved.NO}), State.IDLE, "own_reading"),
+             progress={"children": Moved.NO}), State.BUSY, "own_reading"),
+    (replace(BASE, local=Local.WORKER_WAIT, why="its main thread waits in poll on a pipe held by its child",
+             progress={"children": Moved.NO}, hold=True, previous=State.LOADING), State.LOADING, "hold"),
     (replace(BASE, local=Local.LOADING, why="reading 130 MB/s (rchar)"), State.LOADING, "own_reading"),
 ]
 

@@ -27,11 +27,13 @@ RANK_ENV = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29998", "RANK": "0", "WO
 # Each rank prints its helper pids (a child, a server) on its first line, then blocks for good.
 PRELUDE = "import os, sys, socket, select, selectors, subprocess, time, threading, multiprocessing as mp\n"
 CASES = {
-    # the DataLoader's shape: a multiprocessing queue read (poll on a pipe) fed by a worker process
+    # the DataLoader's shape: a multiprocessing queue read (poll on a pipe) fed by a worker process;
+    # the rank listens (gloo does) before it forks, so the worker inherits that socket
     "queue_from_worker": """
 def work(q):
     time.sleep(600)
 if __name__ == "__main__":
+    gloo = socket.create_server(("127.0.0.1", 0))
     q = mp.get_context("fork").Queue()
     w = mp.get_context("fork").Process(target=work, args=(q,))
     w.start()
@@ -154,6 +156,7 @@ def test_the_other_end_of_a_wait_is_found(case, call, kind, fed_by):
         others = set(w.holders) - {p.pid}
         if fed_by == "helper":
             assert helper in others, f"{case}: {w}"
+            assert not w.holders_listen, f"{case}: a socket inherited from the rank is no front end's: {w}"
         elif fed_by == "itself":
             assert w.holders == [p.pid] and not others
         else:  # a process on this host that is not watched: the other end is here, held by nobody of the job
