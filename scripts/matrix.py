@@ -7,7 +7,8 @@ Axes (tests/workloads/matrix_job.py runs a cell):
   phase     train, load_disk, load_cache, load_slow, compile, checkpoint, serve_accept, serve_poll, finished
   fault     none, dl_blocks, thread_dies, stuck, skip, exit_early, sigstop, sigkill
   wait      how the one that never returns waits: event, queue_get, select_pipe, sleep_loop, spin,
-            socket_recv, collective, store (none for a healthy cell)
+            socket_recv, collective, store (none for a healthy cell); child_pipe (select on a child's
+            pipe) only in EXTRA_CELLS, drawn after the cover
 Invalid combinations are filtered out (`valid`); the cells are a covering subset of the rest chosen with a
 seed: every pair of axis values that some valid cell has is in at least one chosen cell (greedy,
 seeded ties), topped up with seeded picks to the count asked. A cell is named by its axes,
@@ -113,6 +114,14 @@ def gpu_cells(n: int = 16, seed: int = SEED) -> list[dict[str, str]]:
         pool.remove(best)
         todo -= {(a, best[a], b, best[b]) for a, b in itertools.combinations(keys, 2)}
     return sorted(chosen, key=name_of)
+
+
+# Cells beyond the cover, for ways of waiting added after it was drawn (the cover's cells keep their
+# names): a rank that selects on the pipe of a child it started, which never writes.
+EXTRA_CELLS = tuple(dict(zip(AXES, v, strict=True)) for v in (
+    ("torchrun", "train", "stuck", "child_pipe"), ("spawn", "load_cache", "stuck", "child_pipe"),
+    ("mpargv", "checkpoint", "stuck", "child_pipe"), ("parent", "serve_poll", "stuck", "child_pipe"),
+))
 
 
 def cells(n: int = 64, seed: int = SEED) -> list[dict[str, str]]:
@@ -568,7 +577,7 @@ def main() -> None:
     if a.score is not None:
         report(sorted(p.parent for p in Path(a.score).glob("*/expect.json")), Path(a.md) if a.md else None)
         return
-    chosen = gpu_cells() if os.environ.get("MATRIX_DEVICE") == "cuda" else cells(a.n)
+    chosen = gpu_cells() if os.environ.get("MATRIX_DEVICE") == "cuda" else cells(a.n) + list(EXTRA_CELLS)
     if a.only:
         want = a.only.split(",")
         chosen = [c for c in chosen if any(w == name_of(c) or w in name_of(c) for w in want)]

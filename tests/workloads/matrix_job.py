@@ -103,6 +103,14 @@ def wait_forever(how: str, what: str) -> None:
         a, b = socket.socketpair()
         while True:
             a.recv(1)
+    elif how == "child_pipe":
+        # select on the output of a child it started, which never writes: the stack shows only this
+        # frame over select(), the same as a server's; the pipe's other end is its own child
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1e6)"], stdout=subprocess.PIPE)
+        with open(os.path.join(A.jobdir, f"worker_block_{RANK}.json"), "w") as f:
+            json.dump({"t": round(time.time(), 3), "worker_pid": child.pid}, f)
+        while True:
+            select.select([child.stdout], [], [], 5.0)
     else:
         threading.Event().wait()
 
