@@ -19,7 +19,7 @@ import logging
 from collections import deque
 from typing import Any
 
-from hangd.analysis import asks, frjobs, gather, hardware, otherend, rankstate, stackcat
+from hangd.analysis import asks, frjobs, gather, hardware, local, otherend, rankstate, stackcat
 from hangd.analysis.detectors import Env, exits, hang, orphan, straggler
 from hangd.analysis.identity import Job, group_jobs
 from hangd.analysis.local import REQUEST_WCHANS, Context, classify
@@ -299,6 +299,10 @@ class Analyzer:
         # (and through the progress that work makes, until the next capture is due)
         if p.verdict.kind in stackcat.WORK_KINDS:
             fresh = p.verdict_t is not None and t - p.verdict_t <= th.cpu_stack_every_s
+            if fresh and p.verdict.kind in stackcat.COMPILE_KINDS and p.verdict_t is not None:
+                # a compile ends without a stack saying so: once nothing shows it going on (see
+                # local.compile_goes_on) the stack of the compile no longer describes it
+                fresh = t - p.verdict_t <= th.window_s or local.compile_goes_on(s, th)
         else:
             fresh = p.verdict_t is not None and t - p.verdict_t <= th.verdict_fresh_s and \
                 (pr.last_strong is None or pr.last_strong <= p.verdict_t + th.window_s) and \

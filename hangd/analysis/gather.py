@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from hangd.analysis import local, otherend, rankstate
 from hangd.analysis.detectors import hang, orphan
-from hangd.analysis.model import Local, Reading
+from hangd.analysis.model import Local, Reading, State
 from hangd.analysis.signals import ProcSignals
 from hangd.analysis.views import JobView
 
@@ -108,8 +108,14 @@ def evidence(an: Analyzer, pid: int, jv: JobView, facts: dict[str, Any], orphane
         idle_server=facts["idle"] and not worker_stuck, idle_why=facts["idle_why"],
         # a wait on its own workers that do not move keeps what it did before, as a first wait for a
         # peer does, until the job is judged hung or the wait outlasts the hang threshold twice
-        hold=facts["hold"] or (worker_stuck and jv.quiet < 2 * an.th.hang_host_s),
+        hold=(facts["hold"] or (worker_stuck and jv.quiet < 2 * an.th.hang_host_s)) and not compile_over(p.state, loc),
         peers_wait_for_it=peers_wait, it_waits_for=it_waits_for)
+
+def compile_over(previous: State | None, loc: Local) -> bool:
+    """A rank said to compile whose stack now shows it waiting for a peer (a collective, the store)
+    has finished compiling: keeping "compiling" through a first wait would say it still works."""
+    return previous == State.COMPILING and loc == Local.WAITING
+
 
 def progress_record(an: Analyzer, pid: int, s: ProcSignals, t: float) -> tuple[dict[str, rankstate.Moved], dict[str, str]]:
     th = an.th
@@ -235,6 +241,8 @@ def first_evidence(an: Analyzer, pid: int, jv: JobView) -> bool:
     p.working_since = (p.working_since if p.working_since is not None else t) if working else None
     if loc == Local.WAITING and p.verdict.kind == "store":
         return False  # the rendezvous of its start-up: still setting up (a hang says itself)
+    if loc == Local.COMPILING and p.verdict.kind == "compile_setup" and not s.compile_children:
+        return False  # torch.compile() importing its compiler during start-up: still setting up
     if loc in (Local.SERVING, Local.SPINNING, Local.WAITING, Local.WORKER_WAIT, Local.GRAPH_CAPTURE,
                Local.COMPILING, Local.STOPPED):
         return True

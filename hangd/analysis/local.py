@@ -49,7 +49,7 @@ def classify(s: ProcSignals, ctx: Context, th: Thresholds) -> Reading:
         s.in_active_s >= th.io_sustained_s and (s.in_long_per_s or 0) >= th.moving_ratio * (s.out_long_per_s or 0) and \
         (filling or s.age_s >= th.startup_cpu_s or (s.cpu_cores or 0) < th.busy_cpu_cores)  # imports burn CPU
     # compiler processes write and read their files: bytes moving under a compiling rank are its compile
-    compiling = v.kind == "compiling" or (s.compile_children > 0 and (s.cpu_cores or 0) >= th.compile_cpu_cores)
+    compiling = v.kind in stackcat.COMPILE_KINDS or (s.compile_children > 0 and (s.cpu_cores or 0) >= th.compile_cpu_cores)
     moving_in, moving_out = moves(s, th, "in") and not compiling, moves(s, th, "out") and not compiling
     if not works and (reading or slow_reading or moving_in or v.kind == "loading" or ("loading" in s.log_kinds and s.d_fraction > 0)):
         if moving_in and not reading:
@@ -91,8 +91,8 @@ def classify(s: ProcSignals, ctx: Context, th: Thresholds) -> Reading:
     log_compiles = "compiling" in s.log_kinds or (
         on_cpu and s.log_phase is not None and s.log_phase[0] == "compiling"
         and (s.gpu_work_at is None or s.gpu_work_at < s.log_phase[1]))
-    if v.kind == "compiling" or log_compiles or (s.compile_children > 0 and (s.cpu_cores or 0) >= th.compile_cpu_cores):
-        why = f"its stack is compiling ({v.frame})" if v.kind == "compiling" else \
+    if v.kind in stackcat.COMPILE_KINDS or log_compiles or (s.compile_children > 0 and (s.cpu_cores or 0) >= th.compile_cpu_cores):
+        why = f"its stack is compiling ({v.frame})" if v.kind in stackcat.COMPILE_KINDS else \
             f"{s.compile_children} compiler processes under it" if s.compile_children else \
             "its log says it compiles" if "compiling" in s.log_kinds else \
             "its log said it compiles, and it has been on the CPU since"
@@ -137,6 +137,15 @@ def classify(s: ProcSignals, ctx: Context, th: Thresholds) -> Reading:
         return Reading(Local.CPU, f"runnable {s.r_fraction:.0%} of the time on a host short of CPU "
                                   f"({s.cpu_cores or 0:.2f} cores)")
     return Reading(Local.QUIET, describe_quiet(s, v))
+
+
+def compile_goes_on(s: ProcSignals, th: Thresholds) -> bool:
+    """What a compile shows while it goes on, with no new stack to say so: its compilers run under
+    it, it works on the CPU (dynamo tracing, inductor's code generation), or it writes its files
+    (sources, objects, the libraries it loads). A compiled program's steps asleep between them
+    show none of it (a few hundred KB/s of collectives over sockets, a few % of a core)."""
+    return s.compile_children > 0 or (s.cpu_cores or 0) >= th.compile_cpu_cores or starved(s, th) or \
+        (s.wchar_per_s or 0) >= th.io_bytes_per_s or (s.write_per_s or 0) >= th.io_bytes_per_s
 
 
 def starved(s: ProcSignals, th: Thresholds) -> bool:
