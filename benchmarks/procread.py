@@ -123,7 +123,7 @@ def main() -> None:
         text = open(f"/proc/{rank.pid}/syscall").read()
 
         def fresh(pid: int) -> Any:
-            fw._held, fw._tcp = None, {}
+            fw._tables, fw._tcp, fw._diag, fw._budget = {}, {}, {}, 1 << 20
             fw._watched = [pid, *workers]
             return fw.read(pid, text)
 

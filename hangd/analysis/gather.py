@@ -174,6 +174,8 @@ def still_for(an: Analyzer, pid: int, t: float) -> float | None:
     if not samples:
         return None
     last_t, last = samples[-1]
+    if last.utime is None or last.stime is None:
+        return None  # its CPU time was not read: unknown, not still
     since = None
     for st, sp in reversed(samples):
         if (sp.utime, sp.stime) != (last.utime, last.stime):
@@ -197,9 +199,12 @@ def waits_on(an: Analyzer, pid: int, jv: JobView) -> tuple[rankstate.WaitsOn, st
     if loc == Local.WORKER_WAIT and oe is not None and oe.kind == otherend.OWN_THREAD:
         return W.OWN_WORKER, "a thread of its own"
     if loc == Local.WORKER_WAIT:
+        mine = children(an, pid)
+        if oe is not None and oe.kind == otherend.OWN_WORKER and oe.pids and not set(oe.pids) & set(mine):
+            return W.OWN_WORKER, oe.what  # its launcher, or another process of its job: not a worker of its own
         kids = [p for p in oe.pids if p in an.view.procs] if oe is not None and oe.kind == otherend.OWN_WORKER \
             else []
-        kids = kids or children(an, pid)
+        kids = kids or mine
         if not kids:
             return W.OWN_WORKER, "a thread of its own"
         words = []

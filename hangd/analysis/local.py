@@ -103,7 +103,7 @@ def classify(s: ProcSignals, ctx: Context, th: Thresholds) -> Reading:
         return Reading(Local.WAITING, f"its stack is {v.why} ({v.frame}) and it sleeps: DDP's gradient "
                                       "all_reduce waits for a peer")
     oe = ctx.other_end
-    if oe is not None and (s.cpu_cores or 0) < th.busy_cpu_cores:
+    if oe is not None and s.cpu_cores is not None and s.cpu_cores < th.busy_cpu_cores:
         # what the descriptors say beats a frame's name: a select() may wait on a worker or a client
         frame = f" ({v.frame})" if v.known else ""
         if oe.kind == otherend.OUTSIDE:

@@ -104,13 +104,16 @@ def other_end(view: NodeView, pid: int) -> OtherEnd | None:
         if mine:  # its own children first: a forked worker inherits its listening sockets too
             chan = f"{_sock(w)} held by its {'child' if len(mine) == 1 else 'children'}"
             return OtherEnd(OWN_WORKER, f"{chan} pid {_pids(mine)}", tuple(mine), call, chan)
-        fronts = [p for p in w.holders_listen if p != pid and p not in desc]
+        peers = [p for p in others if p in ranks]
+        if peers:  # before any listener: every gloo or NCCL rank listens for its peers
+            return OtherEnd(PEER, f"{_sock(w)} to the rank pid {_pids(peers)}", tuple(peers), call)
+        # a process of no rank that listens for connections and feeds it through a pipe or a Unix
+        # socket: a front end passing requests on (a TCP connection to a listener is that
+        # listener's own service, such as the rendezvous store of its launcher)
+        fronts = [p for p in w.holders_listen if p in others and p not in desc] if w.kind != "tcp" else []
         if fronts:
             return OtherEnd(OUTSIDE, f"{_sock(w)} from pid {_pids(fronts)}, which listens for connections",
                             tuple(fronts), call)
-        peers = [p for p in others if p in ranks]
-        if peers:
-            return OtherEnd(PEER, f"{_sock(w)} to the rank pid {_pids(peers)}", tuple(peers), call)
         job = [p for p in others if p in anc or p in siblings]
         if job:
             chan = f"{_sock(w)} held by {'its launcher' if job[0] in anc else 'a process of its job'}"
@@ -120,8 +123,12 @@ def other_end(view: NodeView, pid: int) -> OtherEnd | None:
     if not ends or len(ends) < len(waits):
         return None  # an eventfd, a file, a descriptor that could not be read: not certain
     if all(w.holders == [pid] and (w.kind != "pipe" or w.writes_itself) for w in ends):
+        if call.startswith("epoll"):
+            return None  # an event loop on its own wake-up pipe alone: it may as well sleep on a timer
         return OtherEnd(OWN_THREAD, f"{_sock(ends[0])} only it holds: a thread of its own writes it, or nobody",
                         (pid,), call)
+    if any(w.kind == "tcp" and not w.remote_here for w in ends):
+        return None  # a connection to another host (or namespace): a peer there, or a client: unknown
     if all(not [p for p in w.holders if p != pid] for w in ends):
         w = ends[0]
         where = f" to {w.remote}" if w.remote else ""

@@ -29,11 +29,11 @@ from hangd.snapshot import FdWait, ProcSample
 
 # System call numbers: x86_64 and the generic table (aarch64), and how each names its descriptors.
 SYSCALLS: dict[str, dict[int, str]] = {
-    "x86_64": {0: "read", 19: "readv", 7: "poll", 23: "select", 43: "accept", 45: "recvfrom", 47: "recvmsg",
+    "x86_64": {219: "restart_syscall", 0: "read", 19: "readv", 7: "poll", 23: "select", 43: "accept", 45: "recvfrom", 47: "recvmsg",
                61: "wait4", 232: "epoll_wait", 247: "waitid", 270: "pselect6", 271: "ppoll", 281: "epoll_pwait",
                288: "accept4", 299: "recvmmsg", 441: "epoll_pwait2", 202: "futex", 35: "nanosleep",
                230: "clock_nanosleep"},
-    "aarch64": {63: "read", 65: "readv", 73: "ppoll", 72: "pselect6", 202: "accept", 207: "recvfrom",
+    "aarch64": {128: "restart_syscall", 63: "read", 65: "readv", 73: "ppoll", 72: "pselect6", 202: "accept", 207: "recvfrom",
                 212: "recvmsg", 260: "wait4", 22: "epoll_pwait", 95: "waitid", 242: "accept4", 243: "recvmmsg",
                 441: "epoll_pwait2", 98: "futex", 101: "nanosleep", 115: "clock_nanosleep"},
 }
@@ -42,8 +42,13 @@ POLLS = frozenset({"poll", "ppoll"})
 SELECTS = frozenset({"select", "pselect6"})
 EPOLLS = frozenset({"epoll_wait", "epoll_pwait", "epoll_pwait2"})
 WAITS = frozenset({"wait4", "waitid"})
+SLEEPS = frozenset({"futex", "nanosleep", "clock_nanosleep"})  # a wait on no descriptor: certain
 MAX_FDS = 256  # descriptors of one wait looked at; a wait on more is cut there
-MAX_HELD = 4096  # descriptors of one process indexed for who holds the other end
+MAX_HELD = 4096  # descriptors of one process indexed for who holds the other end (past it: unknown)
+LINK_BUDGET = 16384  # descriptor links read in one tick over all processes (past it: unknown)
+MAX_EPOLL_FDS = 2048  # an epoll set read from fdinfo at most in a process of this many descriptors:
+# the kernel lists the whole set under the epoll's lock, which the job's own epoll calls then wait on
+MAX_DIAG = 64  # sock_diag questions a tick
 REFRESH_S = 5.0  # an unchanged wait is resolved again at most this often
 TCP_LISTEN, TCP_ESTABLISHED = "0A", "01"
 UNIX_LISTEN = 10  # the socket state sock_diag reports for a listening Unix socket
@@ -158,28 +163,37 @@ def unix_peer(ino: int) -> tuple[int | None, int | None]:
 
 
 class FdWaits:
-    """Reads, for each watched rank asleep in a wait on descriptors, what it waits on."""
+    """Reads, for each watched rank asleep in a wait on descriptors, what it waits on.
+
+    Bounded per tick: each process's descriptor table is read at most every REFRESH_S and up to
+    MAX_HELD entries, all of them together up to LINK_BUDGET links; what the bounds leave unread is
+    unknown, never "nobody". A rank in uninterruptible sleep is not read at all (its memory may be
+    locked by the very thread that hangs)."""
 
     def __init__(self, proc_root: str = "/proc") -> None:
         self.root = proc_root
-        self.table = SYSCALLS.get(platform.machine(), SYSCALLS["x86_64"])
+        self.table = SYSCALLS.get(platform.machine(), {})  # another architecture: every call unknown
         self._cache: dict[int, tuple[str, float, str | None, list[FdWait] | None]] = {}
         self._watched: list[int] = []
-        # read at most once a tick, and only when a wait needs them
-        self._held: dict[str, set[int]] | None = None  # "pipe:[123]" -> watched pids holding it
-        self._tcp: dict[str, dict[int, tuple[str, str, str]]] = {}  # per network namespace
+        # pid -> (when read, {link target: [fd, ...]}, cut short); kept REFRESH_S
+        self._tables: dict[int, tuple[float, dict[str, list[int]], bool]] = {}
+        self._budget = LINK_BUDGET
+        self._tcp: dict[str, tuple[dict[int, tuple[str, str, str]], dict[tuple[str, str], int]]] = {}
+        self._diag: dict[int, tuple[int | None, int | None]] = {}
 
     def _p(self, pid: int, *parts: str) -> str:
         return os.path.join(self.root, str(pid), *parts)
 
     def collect(self, samples: Iterable[ProcSample], watched: Iterable[int]) -> None:
         """Fill ``wait_syscall`` and ``fd_waits`` of the samples that are ranks asleep."""
-        self._held, self._tcp = None, {}
+        self._tcp, self._diag, self._budget = {}, {}, LINK_BUDGET
         self._watched = sorted(watched)
         now = time.monotonic()
+        for pid in [p for p, (at, _, _) in self._tables.items() if now - at >= REFRESH_S or p not in watched]:
+            del self._tables[pid]
         live = set()
         for s in samples:
-            if s.gone or s.role != "worker" or s.state not in ("S", "D"):
+            if s.gone or s.role != "worker" or s.state != "S" or (s.thread_states or {}).get("D"):
                 continue
             live.add(s.pid)
             text = _read(self._p(s.pid, "syscall"))
@@ -189,7 +203,10 @@ class FdWaits:
             if hit is not None and hit[0] == text and now - hit[1] < REFRESH_S:
                 s.wait_syscall, s.fd_waits = hit[2], hit[3]
                 continue
-            s.wait_syscall, s.fd_waits = self.read(s.pid, text)
+            try:
+                s.wait_syscall, s.fd_waits = self.read(s.pid, text)
+            except Exception:  # noqa: BLE001 - a process that changed mid-read: unknown, this tick only
+                s.wait_syscall, s.fd_waits = None, None
             self._cache[s.pid] = (text, now, s.wait_syscall, s.fd_waits)
         for pid in set(self._cache) - live:
             del self._cache[pid]
@@ -215,9 +232,14 @@ class FdWaits:
         return name, waits
 
     def _fds_of(self, pid: int, name: str, args: list[int]) -> list[int] | None:
+        if name in SLEEPS:
+            return []  # a futex, a sleep: no descriptor
         if name in FIRST_ARG:
             return [args[0]] if args[0] < 1 << 31 else None
         if name in EPOLLS:
+            table, cut = self._table(pid)
+            if cut or sum(len(v) for v in table.values()) > MAX_EPOLL_FDS:
+                return None
             info = _read(self._p(pid, "fdinfo", str(args[0])))
             return parse_epoll_fdinfo(info) if info is not None else None
         if name in POLLS:
@@ -227,7 +249,7 @@ class FdWaits:
             n = min(args[0], 1024)
             raw = self._mem(pid, args[1], (n + 7) // 8) if args[1] else b""
             return parse_fdset(raw, n) if raw is not None else None
-        return []  # a futex, a sleep: no descriptor
+        return None  # restart_syscall (after a stop), a write, a call of another table: unknown
 
     def _mem(self, pid: int, addr: int, size: int) -> bytes | None:
         """Bytes of the process's memory, read through /proc (the process is not stopped)."""
@@ -240,13 +262,54 @@ class FdWaits:
         except (OSError, ValueError, OverflowError):
             return None
 
+    def _table(self, pid: int) -> tuple[dict[str, list[int]], bool]:
+        """Its pipes and sockets: link target -> its descriptors, and whether the read was cut short
+        (MAX_HELD, the tick's LINK_BUDGET, or the process went away)."""
+        hit = self._tables.get(pid)
+        if hit is not None:
+            return hit[1], hit[2]
+        out: dict[str, list[int]] = {}
+        cut = False
+        try:
+            with os.scandir(self._p(pid, "fd")) as it:
+                for n, e in enumerate(it):
+                    if n >= MAX_HELD or self._budget <= 0:
+                        cut = True
+                        break
+                    self._budget -= 1
+                    try:
+                        t = os.readlink(e.path)
+                    except OSError:
+                        continue
+                    if t.startswith(("pipe:", "socket:")) and e.name.isdigit():
+                        out.setdefault(t, []).append(int(e.name))
+        except OSError:
+            cut = True
+        self._tables[pid] = (time.monotonic(), out, cut)
+        return out, cut
+
+    def _holders(self, target: str) -> tuple[list[int], bool]:
+        """The watched processes holding ``target`` ("pipe:[123]"), the waiting one included (a pipe
+        whose ends only it holds is fed by a thread of its own, or by nobody), and whether that is
+        all of them (False: some table was cut short)."""
+        held, whole = [], True
+        for p in self._watched:
+            table, cut = self._table(p)
+            whole = whole and not cut
+            if target in table:
+                held.append(p)
+        return held, whole
+
     def _resolve(self, pid: int, fd: int) -> FdWait:
         try:
             target = os.readlink(self._p(pid, "fd", str(fd)))
         except OSError:
             return FdWait(fd=fd, kind="unknown")
         if target.startswith("pipe:"):
-            return FdWait(fd=fd, kind="pipe", holders=self._holders(target), writes_itself=self._writes(pid, fd, target))
+            holders, whole = self._holders(target)
+            if not whole and not set(holders) - {pid}:
+                return FdWait(fd=fd, kind="unknown")  # its other end may be in a table not read
+            return FdWait(fd=fd, kind="pipe", holders=holders, writes_itself=self._writes(pid, fd, target))
         if target.startswith("socket:[") and target[8:-1].isdigit():
             return self._socket(pid, fd, int(target[8:-1]))
         if target.startswith("anon_inode:"):
@@ -255,19 +318,10 @@ class FdWaits:
 
     def _writes(self, pid: int, fd: int, target: str) -> bool:
         """It holds the write end of the pipe ``target`` as well (a descriptor opened O_WRONLY)."""
-        try:
-            names = os.listdir(self._p(pid, "fd"))[:MAX_HELD]
-        except OSError:
-            return False
-        for n in names:
-            if n == str(fd):
+        for n in self._table(pid)[0].get(target, []):
+            if n == fd:
                 continue
-            try:
-                if os.readlink(self._p(pid, "fd", n)) != target:
-                    continue
-            except OSError:
-                continue
-            info = _read(self._p(pid, "fdinfo", n)) or ""
+            info = _read(self._p(pid, "fdinfo", str(n))) or ""
             flags = next((ln.split()[1] for ln in info.splitlines() if ln.startswith("flags:")), None)
             if flags is not None and flags.isdigit() and int(flags, 8) & 3 == 1:  # O_WRONLY
                 return True
@@ -280,76 +334,66 @@ class FdWaits:
         except OSError:
             return f"pid {pid}"
 
-    def _tcp_of(self, pid: int) -> dict[int, tuple[str, str, str]]:
+    def _tcp_of(self, pid: int) -> tuple[dict[int, tuple[str, str, str]], dict[tuple[str, str], int]]:
+        """Its namespace's TCP sockets by inode, and by (local, remote) to find a connection's mirror."""
         ns = self._net(pid)
         if ns not in self._tcp:
             rows: dict[int, tuple[str, str, str]] = {}
             for name, below in (("tcp", 0), ("tcp6", 1 << 24)):  # keep the two files' unaccepted rows apart
                 rows.update({k if k > 0 else k - below: v
                              for k, v in parse_net_tcp(_read(self._p(pid, "net", name)) or "").items()})
-            self._tcp[ns] = rows
+            self._tcp[ns] = (rows, {(r[0], r[1]): i for i, r in rows.items()})
         return self._tcp[ns]
 
+    def _unix(self, ino: int) -> tuple[int | None, int | None]:
+        if ino not in self._diag:
+            if len(self._diag) >= MAX_DIAG:
+                return None, None
+            self._diag[ino] = unix_peer(ino)
+        return self._diag[ino]
+
     def _socket(self, pid: int, fd: int, ino: int) -> FdWait:
-        tcp = self._tcp_of(pid)
+        tcp, by_ends = self._tcp_of(pid)
         row = tcp.get(ino)
         if row is not None:
             local, remote, state = row
             if state == TCP_LISTEN:
                 return FdWait(fd=fd, kind="tcp", listening=True, local=local)
-            other = next((i for i, r in tcp.items() if r[0] == remote and r[1] == local), None)
-            holders = self._holders(f"socket:[{other}]") if other is not None else []
+            other = by_ends.get((remote, local))
+            holders, whole = self._holders(f"socket:[{other}]") if other is not None else ([], True)
+            if other is not None and not whole and not holders:
+                return FdWait(fd=fd, kind="unknown")
             return FdWait(fd=fd, kind="tcp", local=local, remote=remote, holders=holders,
                           remote_here=other is not None)
-        peer, ustate = unix_peer(ino)
+        peer, ustate = self._unix(ino)
         if ustate is None:
             return FdWait(fd=fd, kind="socket")
         if ustate == UNIX_LISTEN:
             return FdWait(fd=fd, kind="unix", listening=True)
-        holders = self._holders(f"socket:[{peer}]") if peer else []
+        holders, whole = self._holders(f"socket:[{peer}]") if peer else ([], True)
+        if peer and not whole and not holders:
+            return FdWait(fd=fd, kind="unknown")
         return FdWait(fd=fd, kind="unix", holders=holders, remote_here=bool(peer))
-
-    def _index(self) -> dict[str, set[int]]:
-        """Every pipe and socket the watched processes hold, and who holds each."""
-        if self._held is None:
-            self._held = {}
-            for p in self._watched:
-                try:
-                    names = os.listdir(self._p(p, "fd"))[:MAX_HELD]
-                except OSError:
-                    continue
-                for n in names:
-                    try:
-                        t = os.readlink(self._p(p, "fd", n))
-                    except OSError:
-                        continue
-                    if t.startswith(("pipe:", "socket:")):
-                        self._held.setdefault(t, set()).add(p)
-        return self._held
-
-    def _holders(self, target: str) -> list[int]:
-        """The watched processes holding ``target`` ("pipe:[123]"), the waiting one included: a
-        pipe whose ends only it holds is fed by a thread of its own, or by nobody."""
-        return sorted(self._index().get(target, set()))
 
     def _listening(self, pid: int, pids: set[int]) -> set[int]:
         """Which of ``pids`` hold a listening socket (TCP or Unix): a front end taking requests.
-        The kernel is asked about each of their sockets (Unix ones by ``sock_diag``); the TCP table,
-        slow to generate on a busy host (milliseconds), is read only for sockets that are not Unix."""
-        # a socket the waiting rank holds as well is one they share by inheritance (a fork), not a
-        # front end's own
-        sockets = {int(t[8:-1]): holders & pids for t, holders in self._index().items()
-                   if holders & pids and pid not in holders and t.startswith("socket:[") and t[8:-1].isdigit()}
+        The kernel is asked about each of their sockets (Unix ones by ``sock_diag``, within the
+        tick's MAX_DIAG); the TCP table is read once a tick. A socket the waiting rank holds as well
+        is one they share by inheritance (a fork), not a front end's own."""
+        mine = set(self._table(pid)[0])
         out: set[int] = set()
-        tcp_candidates = []
-        for ino, holders in list(sockets.items())[:MAX_FDS]:
-            _, state = unix_peer(ino)
-            if state is None:
-                tcp_candidates.append(ino)
-            elif state == UNIX_LISTEN:
-                out |= holders
+        tcp_candidates: dict[int, int] = {}
+        for p in sorted(pids):
+            for t in self._table(p)[0]:
+                if not t.startswith("socket:[") or not t[8:-1].isdigit() or t in mine:
+                    continue
+                ino = int(t[8:-1])
+                _, state = self._unix(ino)
+                if state is None:
+                    tcp_candidates[ino] = p
+                elif state == UNIX_LISTEN:
+                    out.add(p)
         if tcp_candidates:
-            tcp = self._tcp_of(pid)
-            out |= {h for ino in tcp_candidates if (row := tcp.get(ino)) is not None and row[2] == TCP_LISTEN
-                    for h in sockets[ino]}
+            tcp, _ = self._tcp_of(pid)
+            out |= {p for ino, p in tcp_candidates.items() if (row := tcp.get(ino)) is not None and row[2] == TCP_LISTEN}
         return out

@@ -61,8 +61,17 @@ CASES = [
     ("requests from a front end that listens", [FdWait(fd=8, kind="unix", holders=[FRONT], holders_listen=[FRONT],
                                                       remote_here=True)],
      otherend.OUTSIDE, f"from pid {FRONT}, which listens"),
-    ("a connection to another host", [FdWait(fd=8, kind="tcp", local="10.0.0.1:5000", remote="10.0.0.2:6000")],
-     otherend.OUTSIDE, "to 10.0.0.2:6000 whose other end no process of its job holds"),
+    ("a connection to a server of this host outside the job",
+     [FdWait(fd=8, kind="tcp", local="127.0.0.1:5000", remote="127.0.0.1:6000", remote_here=True)],
+     otherend.OUTSIDE, "to 127.0.0.1:6000 whose other end no process of its job holds"),
+    ("the rendezvous store on the other rank, which listens (gloo's and the store's sockets)",
+     [FdWait(fd=8, kind="tcp", holders=[PEER], holders_listen=[PEER], remote_here=True,
+             local="127.0.0.1:5000", remote="127.0.0.1:29500")],
+     otherend.PEER, f"to the rank pid {PEER}"),
+    ("the store of its launcher (torchrun's agent listens on it)",
+     [FdWait(fd=8, kind="tcp", holders=[LAUNCHER], holders_listen=[LAUNCHER], remote_here=True,
+             local="127.0.0.1:5000", remote="127.0.0.1:29400")],
+     otherend.OWN_WORKER, f"held by its launcher pid {LAUNCHER}"),
     ("a pipe another program writes (stdin from a shell)", [FdWait(fd=0, kind="pipe", holders=[RANK])],
      otherend.OUTSIDE, "no process of its job holds"),
 ]
@@ -82,9 +91,18 @@ def test_the_other_end(name, waits, kind, says):
     ("an eventfd (zmq, asyncio): nobody known at the other end", [FdWait(fd=5, kind="eventfd")], "S"),
     ("a descriptor it could not read", [FdWait(fd=5, kind="unknown")], "S"),
     ("running: the wait is over", [FdWait(fd=5, kind="pipe", holders=[RANK, CHILD])], "R"),
+    ("a connection to another host: a peer there or a client", [FdWait(fd=8, kind="tcp", local="10.0.0.1:5000",
+                                                                        remote="10.0.0.2:29500")], "S"),
 ])
 def test_unknown_other_ends_leave_the_stack_to_decide(name, waits, state):
     assert otherend.other_end(view(waits, state=state), RANK) is None, name
+
+
+def test_an_event_loop_on_its_own_wake_up_pipe_alone_is_not_judged():
+    """asyncio with only timers sleeps in epoll_wait on its self-pipe: a sleep as much as a wait."""
+    waits = [FdWait(fd=3, kind="unix", holders=[RANK], remote_here=True)]
+    assert otherend.other_end(view(waits, call="epoll_wait"), RANK) is None
+    assert otherend.other_end(view(waits, call="poll"), RANK).kind == otherend.OWN_THREAD  # type: ignore[union-attr]
 
 
 SELECT = stackcat.Verdict("request_wait", "waiting for requests", "selectors.py:select:415", "MainThread", 60)
@@ -93,10 +111,14 @@ OUT = otherend.OtherEnd(otherend.OUTSIDE, "a listening TCP socket on 0.0.0.0:800
 
 
 @pytest.mark.parametrize(("name", "s", "verdict", "oe", "want"), [
-    ("select() on its worker's pipe: the stack alone says requests", sig(gpu=IDLE, wchan="do_sys_poll"), SELECT, OWN,
+    ("select() on its worker's pipe: the stack alone says requests", sig(gpu=IDLE, wchan="do_sys_poll", cpu_cores=0.0),
+     SELECT, OWN,
      Local.WORKER_WAIT),
-    ("no stack, asleep in poll on its worker's pipe", sig(gpu=IDLE, wchan="do_sys_poll"), None, OWN, Local.WORKER_WAIT),
-    ("no stack, asleep in epoll on a listening socket", sig(wchan="ep_poll"), None, OUT, Local.SERVING),
+    ("no stack, asleep in poll on its worker's pipe", sig(gpu=IDLE, wchan="do_sys_poll", cpu_cores=0.0), None, OWN,
+     Local.WORKER_WAIT),
+    ("no stack, asleep in epoll on a listening socket", sig(wchan="ep_poll", cpu_cores=0.0), None, OUT, Local.SERVING),
+    ("its CPU not read yet (a first reading): the descriptors do not decide", sig(gpu=IDLE, wchan="do_sys_poll"), None,
+     OWN, None),
     ("the same poll without descriptors read: the wchan says requests", sig(gpu=IDLE, wchan="do_sys_poll"), None,
      None, Local.SERVING),
     ("busy on other threads while the main thread polls: the descriptors do not decide",

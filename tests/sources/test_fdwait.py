@@ -231,3 +231,34 @@ def test_a_real_socket_s_peer_comes_from_the_kernel():
     finally:
         a.close()
         b.close()
+
+
+def test_calls_it_cannot_place_are_unknown_not_no_descriptor():
+    """A poll resumed after a stop (restart_syscall), a write, a call of another architecture's
+    table: what it waits on is unknown (None), never "nothing" ([]); only a futex or a sleep is."""
+    from hangd.sources.fdwait import FdWaits
+
+    fw = FdWaits()
+    fw.table = {219: "restart_syscall", 1: "write", 202: "futex", 230: "clock_nanosleep"}
+    args = " 0x0 0x0 0x0 0x0 0x0 0x0 0x7ffd 0x7f00"
+    assert fw.read(os.getpid(), "219" + args) == ("restart_syscall", None)
+    assert fw.read(os.getpid(), "1" + args) == ("write", None)
+    assert fw.read(os.getpid(), "7" + args) == ("syscall 7", None)  # not in this table
+    assert fw.read(os.getpid(), "202" + args) == ("futex", [])
+    assert fw.read(os.getpid(), "230" + args) == ("clock_nanosleep", [])
+
+
+def test_a_descriptor_table_cut_short_leaves_the_other_end_unknown(monkeypatch):
+    """Past MAX_HELD descriptors of a process the rest is not read: a pipe whose other holder may be
+    among them is unknown, never "held by nobody of the job" (which would read as a server)."""
+    from hangd.sources import fdwait
+
+    monkeypatch.setattr(fdwait, "MAX_HELD", 2)
+    p, helper = _start("queue_from_worker")
+    try:
+        s = _waits(ProcSource(extra_pids={p.pid}), p.pid, "poll")
+        assert s is not None and s.fd_waits, s
+        assert all(w.kind == "unknown" or helper in w.holders for w in s.fd_waits), s.fd_waits
+        assert not any(w.kind == "pipe" and w.holders == [p.pid] for w in s.fd_waits), s.fd_waits
+    finally:
+        kill_all([p.pid], p)
