@@ -122,6 +122,10 @@ EXTRA_CELLS = tuple(dict(zip(AXES, v, strict=True)) for v in (
     ("torchrun", "train", "stuck", "child_pipe"), ("spawn", "load_cache", "stuck", "child_pipe"),
     ("mpargv", "checkpoint", "stuck", "child_pipe"), ("parent", "serve_poll", "stuck", "child_pipe"),
 ))
+# and on the GPU host: the same wait, and a server whose rank 0 waits on its listening socket
+EXTRA_GPU_CELLS = tuple(dict(zip(AXES, v, strict=True)) for v in (
+    ("torchrun", "train", "stuck", "child_pipe"), ("spawn", "serve_accept", "none", "none"),
+))
 
 
 def cells(n: int = 64, seed: int = SEED) -> list[dict[str, str]]:
@@ -577,7 +581,8 @@ def main() -> None:
     if a.score is not None:
         report(sorted(p.parent for p in Path(a.score).glob("*/expect.json")), Path(a.md) if a.md else None)
         return
-    chosen = gpu_cells() if os.environ.get("MATRIX_DEVICE") == "cuda" else cells(a.n) + list(EXTRA_CELLS)
+    chosen = gpu_cells() + list(EXTRA_GPU_CELLS) if os.environ.get("MATRIX_DEVICE") == "cuda" \
+        else cells(a.n) + list(EXTRA_CELLS)
     if a.only:
         want = a.only.split(",")
         chosen = [c for c in chosen if any(w == name_of(c) or w in name_of(c) for w in want)]

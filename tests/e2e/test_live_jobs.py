@@ -82,7 +82,8 @@ def world(tmp_path_factory):
     prom = subprocess.Popen(["prometheus", f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
                              f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
                             stdout=open(tmp / "prom.log", "w"), stderr=subprocess.STDOUT)
-    w = {"hangd": s, "prom": f"http://127.0.0.1:{port}", "tmp": tmp, "jobs": {}, "firing": {}, "incidents": {}}
+    w = {"hangd": s, "prom": f"http://127.0.0.1:{port}", "tmp": tmp, "jobs": {}, "firing": {}, "incidents": {},
+         "states": {}}
     jobs: list[Job] = []
     try:
         # wave 1: healthy training, a 4-rank deadlock, a size mismatch
@@ -103,6 +104,14 @@ def world(tmp_path_factory):
                                       "--master-port", str(free_port()), str(WORKLOADS / "matrix_job.py"), "torchrun",
                                       "train", fault, "event", str(tmp / name)])
                for name, fault in (("ddp_healthy", "none"), ("ddp_loader_blocked", "dl_blocks"))]
+        # what only the descriptors tell apart: rank 1 selects on the pipe of a child it started, which
+        # never writes (its stack shows its own frame over select, as a server's does), and a server
+        # whose ranks wait for connections on a listening socket
+        ddp += [Job(tmp, name, 2, cmd=[sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                                       "--master-port", str(free_port()), str(WORKLOADS / "matrix_job.py"), "torchrun",
+                                       phase, fault, wait, str(tmp / name)])
+                for name, phase, fault, wait in (("select_on_child", "train", "stuck", "child_pipe"),
+                                                 ("server_accepting", "serve_accept", "none", "none"))]
         jobs += wave2 + ddp
         _wait_steps(wave2, 10, 60)
         actions = {"kill": (signal.SIGKILL, 1), "sigstop": (signal.SIGSTOP, 1)}
@@ -153,6 +162,8 @@ def _watch(w: dict, jobs: list[Job], seconds: float) -> None:
     while time.time() < t_end:
         for inc in w["hangd"].get("/incidents").json()["incidents"]:
             w["incidents"].setdefault(inc["id"], {**inc, "seen": time.time()})
+        for p in w["hangd"].get("/processes").json():
+            w["states"].setdefault(p["pid"], []).append((time.time(), p["state"], p.get("reason", "")))
         for a in _alerts(w["prom"]):
             if a["state"] == "firing":
                 w["firing"].setdefault((a["labels"]["alertname"], a["labels"].get("incident")), time.time())
@@ -228,6 +239,10 @@ def test_stopped_rank_is_the_culprit_of_the_stall(world):
     assert ("HangdJobHung", str(incs[0]["id"])) in world["firing"]
 
 
+def _truth(job: Job) -> list[dict]:
+    return [json.loads(line) for f in job.dir.glob("truth_*.jsonl") for line in f.read_text().splitlines() if line]
+
+
 def _rank_pids(job: Job) -> dict[int, int]:
     """rank -> pid, from the truth lines the matrix workload writes."""
     out = {}
@@ -254,6 +269,31 @@ def test_blocked_dataloader_worker_is_one_hang_naming_the_rank_and_its_worker(wo
     LATENCY["host_stall (DataLoader worker blocked)"] = round(inc["opened_at"] - worker["t"], 1)
 
 
+def test_a_rank_selecting_on_its_child_s_pipe_is_one_hang_naming_the_child(world):
+    job = world["jobs"]["select_on_child"]
+    incs = _incidents_of(world, "select_on_child")
+    assert (job.dir / "worker_block_1.json").exists(), "rank 1 never started selecting on its child's pipe"
+    assert [i["kind"] for i in incs] == ["host_stall"], [_detail(world, i) for i in incs]
+    inc = _detail(world, incs[0])
+    child = json.loads((job.dir / "worker_block_1.json").read_text())
+    assert inc["culprit_ranks"] == [1], inc
+    assert f"pid {child['worker_pid']}" in inc["summary"] and "a pipe held by its child" in inc["summary"], inc["summary"]
+    LATENCY["host_stall (select on a child's pipe)"] = round(inc["opened_at"] - child["t"], 1)
+
+
+def test_a_server_waiting_on_its_listening_socket_is_idle_with_no_incident(world):
+    incs = _incidents_of(world, "server_accepting")
+    assert not incs, [_detail(world, i) for i in incs]
+    # once it serves (its truth says so), each rank reads idle, and rank 0 for what it waits on
+    job = world["jobs"]["server_accepting"]
+    ready = min(x["t"] for x in _truth(job) if x["state"] == "idle")
+    for rank, pid in _rank_pids(job).items():
+        seen = [(st, why) for t, st, why in world["states"].get(pid, []) if t >= ready + 8]
+        assert seen and all(st == "idle" for st, _ in seen), (rank, seen[:5])
+        if rank == 0:
+            assert any("listening TCP socket" in why for _, why in seen), seen[:3]
+
+
 def test_no_false_incident_and_everything_resolves_once_the_jobs_are_gone(world):
     # hangd watches every process of the node: a job of another run on the same machine (a second copy
     # of this suite hangs its own deadlock job on purpose) gets its own incident, rightly, and only our
@@ -262,6 +302,6 @@ def test_no_false_incident_and_everything_resolves_once_the_jobs_are_gone(world)
     hang = [i for i in world["incidents"].values()
             if i["kind"] in ("host_stall", "nccl_stall", "io_stall") and set(i["pids"]) & ours]
     assert {tuple(sorted(i["pids"])) for i in hang} <= {tuple(sorted(world["jobs"][n].pids))
-                                                       for n in ("deadlock", "sigstop", "ddp_loader_blocked")}
+                                                       for n in ("deadlock", "sigstop", "ddp_loader_blocked", "select_on_child")}
     still_open = [i for i in world["after"] if i["status"] == "open" and set(i["pids"]) & ours]
     assert not still_open, still_open
