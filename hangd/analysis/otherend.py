@@ -123,7 +123,9 @@ def other_end(view: NodeView, pid: int) -> OtherEnd | None:
     if not ends or len(ends) < len(waits):
         return None  # an eventfd, a file, a descriptor that could not be read: not certain
     if all(w.holders == [pid] and (w.kind != "pipe" or w.writes_itself) for w in ends):
-        if call.startswith("epoll"):
+        if call.startswith("epoll") or any(w.kind == "tcp" for w in ends):
+            # an event loop on its own wake-up pipe alone may sleep on a timer; a TCP connection to
+            # itself is a service a thread of it runs for others (rank 0's rendezvous store)
             return None  # an event loop on its own wake-up pipe alone: it may as well sleep on a timer
         return OtherEnd(OWN_THREAD, f"{_sock(ends[0])} only it holds: a thread of its own writes it, or nobody",
                         (pid,), call)

@@ -91,6 +91,9 @@ def test_the_other_end(name, waits, kind, says):
     ("an eventfd (zmq, asyncio): nobody known at the other end", [FdWait(fd=5, kind="eventfd")], "S"),
     ("a descriptor it could not read", [FdWait(fd=5, kind="unknown")], "S"),
     ("running: the wait is over", [FdWait(fd=5, kind="pipe", holders=[RANK, CHILD])], "R"),
+    ("a TCP connection to itself: the rendezvous store its own thread serves to the other ranks",
+     [FdWait(fd=8, kind="tcp", holders=[RANK], remote_here=True, local="127.0.0.1:5000", remote="127.0.0.1:29500")],
+     "S"),
     ("a connection to another host: a peer there or a client", [FdWait(fd=8, kind="tcp", local="10.0.0.1:5000",
                                                                         remote="10.0.0.2:29500")], "S"),
 ])
