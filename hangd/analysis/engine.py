@@ -417,8 +417,9 @@ class Analyzer:
             if p.pending != state:
                 p.pending, p.pending_since = state, t
             # idle waits longer (a rank just gone quiet may be in a wait its stack will show), unless
-            # it waits for requests itself (accept, an event loop): that is what idle is
-            serving = p.reading is not None and p.reading.local == Local.SERVING
+            # it waits for requests itself (accept, an event loop) or its job is an idle server (its
+            # wait is known to be for one that does): that is what idle is
+            serving = p.reading is not None and p.reading.local == Local.SERVING or p.rule == "idle_server"
             held = t - p.pending_since >= (self.th.idle_dwell_s if state == State.IDLE and not serving else self.th.dwell_s)
             if not held:
                 # the readings flicker between other states (busy, quiet, a spin) and none holds the

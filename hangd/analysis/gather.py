@@ -42,9 +42,11 @@ def job_facts(an: Analyzer, jv: JobView) -> dict[str, Any]:
     recurring = tr.episode is not None and sum(
         1 for tt, c in tr.episodes
         if tr.episode_start - th.straggler_window_s <= tt < tr.episode_start - 0.5 and c == tr.episode) >= th.straggler_recurring
-    # a rank the waiting ones wait for is working: they wait for a peer that works
+    # a rank the waiting ones wait for is working: they wait for a peer that works (not one that
+    # only logged a line since they wait, and now sleeps or sits on idle workers of its own)
     peer_works = any((x := an.progress.of(o).last) is not None and x > tr.episode_start
-                     and t - x <= th.progress_recent_s for o in jv.live if o not in waiting)
+                     and t - x <= th.progress_recent_s and not only_logged(an, o, jv, tr.episode_start)
+                     for o in jv.live if o not in waiting)
     return {"hung": tr.hung, "exited": exited, "hung_why": hung_why, "hung_ref": hung_ref, "idle": idle, "idle_why": idle_why,
             # a wait read off the GPU may be a blip; any wait while nothing moves may be a hang in
             # the making; a wait for a peer that works is waiting_peer at once
@@ -52,6 +54,16 @@ def job_facts(an: Analyzer, jv: JobView) -> dict[str, Any]:
                 (bool(jv.spinning) and t - tr.episode_start < (th.hang_gpu_s if not peer_works else 2 * th.dwell_s))
                 or (not peer_works and jv.quiet < 2 * th.hang_host_s)),
             "waiting": waiting, "serving": serving}
+
+def only_logged(an: Analyzer, pid: int, jv: JobView, since: float) -> bool:
+    """Nothing of its work moved since ``since`` but its log (a burst of bytes, a wake-up aside),
+    and it does nothing now: asleep with no wait a stack or descriptor names, or blocked on workers
+    of its own none of which works (a server that logs the request it takes, then sleeps in it). A
+    rank that worked and stopped (its GPU's last kernels, its bytes written) is not one."""
+    s, loc = jv.sigs[pid], jv.readings[pid].local
+    idle = loc == Local.QUIET or loc == Local.WORKER_WAIT and not any(child_works(an, c, jv.t) for c in children(an, pid))
+    strong = an.progress.of(pid).last_strong
+    return idle and (strong is None or strong <= since or s.log_grew_at is not None and s.log_grew_at >= strong)
 
 def idle_server(an: Analyzer, jv: JobView) -> tuple[bool, str]:
     """An idle server: ranks wait for one that waits for requests from outside the job, or the

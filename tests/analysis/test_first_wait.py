@@ -1,0 +1,76 @@
+"""What a rank that starts waiting for a peer is said to be, by what the rank it waits for does.
+
+A rank that starts waiting for a peer keeps its state through a first wait (the "hold" row) unless
+the peer it waits for works: then it waits for a peer that works, waiting_peer at once. A peer that
+wrote one last log line and then fell asleep, or sits blocked on a worker of its own that sleeps,
+is not working: the wait is held, as the first seconds of a hang are. A peer that waits for input
+from outside the job makes it an idle server's rank: idle once the dwell has passed, as the server
+itself is (not after the longer dwell of a rank gone quiet for no known reason)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hangd.snapshot import FdWait
+
+from .builders import Node, P, torchrun_env
+
+COLL = [("torch/distributed/distributed_c10d.py", "all_reduce"), ("train.py", "step")]
+
+ASLEEP = dict(wchan="hrtimer_nanosleep")
+ON_ITS_WORKER = dict(wchan="poll_schedule_timeout", wait_syscall="pselect6",
+                     fd_waits=[FdWait(fd=9, kind="pipe", holders=[11, 13])])
+ON_CPU = dict(state="R", wchan="0", cpu_ticks_per_s=95)
+
+
+@pytest.mark.parametrize("after_its_log_line, said", [
+    (ASLEEP, "busy"),  # asleep in its own code: a first wait, held
+    (ON_ITS_WORKER, "busy"),  # blocked on its own worker, which sleeps: held too
+    (ON_CPU, "waiting_peer"),  # working on the CPU: they wait for a peer that works
+    (dict(look="work"), "waiting_peer"),  # back at work on its GPU: the same
+], ids=["asleep", "on_its_sleeping_worker", "on_cpu", "on_its_gpu"])
+def test_a_first_wait_for_a_rank_that_only_logged_is_held(after_its_log_line: dict, said: str):
+    r0 = P(11, 10, torchrun_env(0, 2), gpu=0, look="work", log="/job/log0", dist_threads=["pt_nccl_watchdg"])
+    r1 = P(12, 10, torchrun_env(1, 2), gpu=1, look="work", log="/job/log1", dist_threads=["pt_nccl_watchdg"])
+    worker = P(13, 11, cmdline=["python", "-c", "worker"], wchan="hrtimer_nanosleep")
+    node = Node([P(10, 1), r0, r1, worker])
+    for _ in range(12):  # training: both work on their GPUs and log each second
+        node.write_log("/job/log0", "step\n")
+        node.write_log("/job/log1", "step\n")
+        node.run(1)
+    assert node.state(12) == "busy"
+    # rank 0 stops; rank 1 waits for it in a collective
+    r0.look = r1.look = "idle"
+    node.stack(12, COLL)
+    node.run(1.5)
+    # rank 0 writes one line (the request it is stuck on), then does what the case says
+    node.write_log("/job/log0", "handling request 7\n")
+    r0.wchar_per_s = 80  # the line's bytes, written in this tick
+    for k, v in after_its_log_line.items():
+        setattr(r0, k, v)
+    node.run(0.25)
+    r0.wchar_per_s = 0
+    node.run(3.25)
+    assert node.state(12) == said
+
+
+ACCEPT = [("socket.py", "accept"), ("server.py", "serve")]
+LISTENING = [FdWait(fd=4, kind="tcp", listening=True, local="0.0.0.0:8000")]
+
+
+@pytest.mark.parametrize("coordinator, said", [
+    (dict(wchan="inet_csk_accept", wait_syscall="accept4", fd_waits=LISTENING), "idle"),  # waits for requests
+    (dict(wchan="hrtimer_nanosleep"), "busy"),  # asleep in its own code: a first wait, held
+], ids=["accepting", "asleep"])
+def test_the_rank_of_an_idle_server_is_idle_after_the_dwell(coordinator: dict, said: str):
+    r0 = P(11, 10, torchrun_env(0, 2), gpu=0, look="work", dist_threads=["pt_nccl_watchdg"])
+    r1 = P(12, 10, torchrun_env(1, 2), gpu=1, look="work", dist_threads=["pt_nccl_watchdg"])
+    node = Node([P(10, 1), r0, r1])
+    node.run(12)  # a batch: both work on their GPUs
+    assert node.state(12) == "busy"
+    r0.look = r1.look = "idle"
+    for k, v in coordinator.items():
+        setattr(r0, k, v)
+    node.stack(12, COLL)
+    node.run(3.5)
+    assert node.state(12) == said
