@@ -44,8 +44,11 @@ def job_facts(an: Analyzer, jv: JobView) -> dict[str, Any]:
         if tr.episode_start - th.straggler_window_s <= tt < tr.episode_start - 0.5 and c == tr.episode) >= th.straggler_recurring
     # a rank the waiting ones wait for is working: they wait for a peer that works (not one that
     # only logged a line since they wait, and now sleeps or sits on idle workers of its own)
-    peer_works = any((x := an.progress.of(o).last) is not None and x > tr.episode_start
-                     and t - x <= th.progress_recent_s and not only_logged(an, o, jv, tr.episode_start)
+    # the wait began when the waiting ranks last progressed, if that was before a stack showed it
+    # (captures are seconds apart): what a peer did in between was done while they waited
+    began = min([tr.episode_start] + [x for w in waiting if (x := an.progress.of(w).last) is not None])
+    peer_works = any((x := an.progress.of(o).last) is not None and x > began
+                     and t - x <= th.progress_recent_s and not only_logged(an, o, jv, began)
                      for o in jv.live if o not in waiting)
     return {"hung": tr.hung, "exited": exited, "hung_why": hung_why, "hung_ref": hung_ref, "idle": idle, "idle_why": idle_why,
             # a wait read off the GPU may be a blip; any wait while nothing moves may be a hang in

@@ -74,3 +74,26 @@ def test_the_rank_of_an_idle_server_is_idle_after_the_dwell(coordinator: dict, s
     node.stack(12, COLL)
     node.run(3.5)
     assert node.state(12) == said
+
+
+@pytest.mark.parametrize("peer_works_on_s, said", [
+    (3, "waiting_peer"),  # the peer worked on while it sat quiet: it waited for a peer that works
+    (0, "busy"),  # both stopped at once: a first wait, held (the first seconds of a hang)
+], ids=["peer_worked_meanwhile", "both_stopped"])
+def test_a_wait_is_dated_from_the_waiting_rank_s_last_progress_not_from_its_stack(peer_works_on_s: int, said: str):
+    """A stack shows a wait seconds after it began (captures are seconds apart): what the peer did
+    in between counts as done while the rank waited."""
+    r0 = P(11, 10, torchrun_env(0, 2), gpu=0, look="work", log="/job/log0", dist_threads=["pt_nccl_watchdg"])
+    r1 = P(12, 10, torchrun_env(1, 2), gpu=1, look="work", log="/job/log1", dist_threads=["pt_nccl_watchdg"])
+    node = Node([P(10, 1), r0, r1])
+    for _ in range(12):
+        node.write_log("/job/log0", "step\n")
+        node.write_log("/job/log1", "step\n")
+        node.run(1)
+    r1.look = "idle"  # rank 1 waits; no stack has shown it yet
+    node.run(peer_works_on_s)
+    r0.look, r0.wchan = "idle", "hrtimer_nanosleep"  # rank 0 stops too
+    node.run(1)
+    node.stack(12, [("torch/distributed/distributed_c10d.py", "barrier"), ("train.py", "save")])
+    node.run(3)
+    assert node.state(12) == said
