@@ -22,6 +22,7 @@ import os
 import platform
 import socket
 import struct
+import threading
 import time
 from collections.abc import Iterable
 
@@ -49,6 +50,7 @@ LINK_BUDGET = 16384  # descriptor links read in one tick over all processes (pas
 MAX_EPOLL_FDS = 2048  # an epoll set read from fdinfo at most in a process of this many descriptors:
 # the kernel lists the whole set under the epoll's lock, which the job's own epoll calls then wait on
 MAX_DIAG = 64  # sock_diag questions a tick
+DEADLINE_S = 0.1  # the most a tick waits for these reads (they take 0.03-2 ms when nothing blocks)
 REFRESH_S = 5.0  # an unchanged wait is resolved again at most this often
 TCP_LISTEN, TCP_ESTABLISHED = "0A", "01"
 UNIX_LISTEN = 10  # the socket state sock_diag reports for a listening Unix socket
@@ -180,36 +182,61 @@ class FdWaits:
         self._budget = LINK_BUDGET
         self._tcp: dict[str, tuple[dict[int, tuple[str, str, str]], dict[tuple[str, str], int]]] = {}
         self._diag: dict[int, tuple[int | None, int | None]] = {}
+        self._busy = threading.Event()  # a read is under way (it may have outlasted its tick)
+        self.overruns = 0  # ticks whose reads outlasted DEADLINE_S
 
     def _p(self, pid: int, *parts: str) -> str:
         return os.path.join(self.root, str(pid), *parts)
 
     def collect(self, samples: Iterable[ProcSample], watched: Iterable[int]) -> None:
-        """Fill ``wait_syscall`` and ``fd_waits`` of the samples that are ranks asleep."""
-        self._tcp, self._diag, self._budget = {}, {}, LINK_BUDGET
-        self._watched = sorted(watched)
-        now = time.monotonic()
-        for pid in [p for p, (at, _, _) in self._tables.items() if now - at >= REFRESH_S or p not in watched]:
-            del self._tables[pid]
-        live = set()
-        for s in samples:
-            if s.gone or s.role != "worker" or s.state != "S" or (s.thread_states or {}).get("D"):
-                continue
-            live.add(s.pid)
-            text = _read(self._p(s.pid, "syscall"))
-            if text is None:
-                continue
-            hit = self._cache.get(s.pid)
-            if hit is not None and hit[0] == text and now - hit[1] < REFRESH_S:
-                s.wait_syscall, s.fd_waits = hit[2], hit[3]
-                continue
-            try:
-                s.wait_syscall, s.fd_waits = self.read(s.pid, text)
-            except Exception:  # noqa: BLE001 - a process that changed mid-read: unknown, this tick only
-                s.wait_syscall, s.fd_waits = None, None
-            self._cache[s.pid] = (text, now, s.wait_syscall, s.fd_waits)
-        for pid in set(self._cache) - live:
-            del self._cache[pid]
+        """Fill ``wait_syscall`` and ``fd_waits`` of the samples that are ranks asleep.
+
+        The reads run on a thread of their own and the tick waits for them at most DEADLINE_S: a
+        read of /proc can block in the kernel (a process's memory lock held by one of its threads,
+        an exec in progress), and a watcher that stops sampling while a job hangs sees nothing.
+        Past the deadline this tick's values stay unknown, and no new read starts until that one
+        came back."""
+        if self._busy.is_set():
+            return
+        todo = [s for s in samples
+                if not s.gone and s.role == "worker" and s.state == "S" and not (s.thread_states or {}).get("D")]
+        watched = sorted(watched)
+        out: dict[int, tuple[str | None, list[FdWait] | None]] = {}
+        self._busy.set()
+        worker = threading.Thread(target=self._collect, args=(todo, watched, out), name="hangd-fdwait", daemon=True)
+        worker.start()
+        worker.join(DEADLINE_S)
+        if worker.is_alive():
+            self.overruns += 1
+            return  # it clears _busy when it returns; what it found is not this tick's
+        for s in todo:
+            if s.pid in out:
+                s.wait_syscall, s.fd_waits = out[s.pid]
+
+    def _collect(self, todo: list[ProcSample], watched: list[int], out: dict[int, tuple[str | None, list[FdWait] | None]]) -> None:
+        try:
+            self._tcp, self._diag, self._budget = {}, {}, LINK_BUDGET
+            self._watched = watched
+            now = time.monotonic()
+            for pid in [p for p, (at, _, _) in self._tables.items() if now - at >= REFRESH_S or p not in watched]:
+                del self._tables[pid]
+            for s in todo:
+                text = _read(self._p(s.pid, "syscall"))
+                if text is None:
+                    continue
+                hit = self._cache.get(s.pid)
+                if hit is not None and hit[0] == text and now - hit[1] < REFRESH_S:
+                    out[s.pid] = hit[2], hit[3]
+                    continue
+                try:
+                    out[s.pid] = self.read(s.pid, text)
+                except Exception:  # noqa: BLE001 - a process that changed mid-read: unknown, this tick only
+                    out[s.pid] = None, None
+                self._cache[s.pid] = (text, now, *out[s.pid])
+            for pid in set(self._cache) - {s.pid for s in todo}:
+                del self._cache[pid]
+        finally:
+            self._busy.clear()
 
     def read(self, pid: int, text: str) -> tuple[str | None, list[FdWait] | None]:
         """The call named by ``text`` (its /proc/PID/syscall) and what each of its descriptors is."""

@@ -262,3 +262,42 @@ def test_a_descriptor_table_cut_short_leaves_the_other_end_unknown(monkeypatch):
         assert not any(w.kind == "pipe" and w.holders == [p.pid] for w in s.fd_waits), s.fd_waits
     finally:
         kill_all([p.pid], p)
+
+
+def test_a_read_that_blocks_in_the_kernel_does_not_stall_the_tick(monkeypatch):
+    """A read of /proc can block (a memory lock held by a thread of the rank, an exec under way):
+    the tick waits DEADLINE_S at most, leaves this tick's values unknown, and starts no second read
+    while the first is out; once it returns, the next tick reads again."""
+    import threading
+
+    from hangd.sources import fdwait
+
+    release = threading.Event()
+    real = fdwait._read
+
+    def stuck(path: str) -> str | None:
+        if path.endswith("/syscall"):
+            release.wait(10)
+        return real(path)
+
+    p, _ = _start("event")
+    try:
+        src = ProcSource(extra_pids={p.pid})
+        assert _waits(src, p.pid, "futex").fd_waits == []
+        monkeypatch.setattr(fdwait, "_read", stuck)
+        src._fd_waits._cache.clear()  # type: ignore[union-attr]
+        t0 = time.monotonic()
+        for _ in range(3):
+            snap = Snapshot(t=time.time())
+            src.collect(snap)
+            s = next(x for x in snap.procs if x.pid == p.pid)
+            assert s.wait_syscall is None and s.fd_waits is None  # unknown, not "no descriptor"
+        assert time.monotonic() - t0 < 2.0, "a blocked read held the ticks"
+        assert src._fd_waits.overruns == 1  # type: ignore[union-attr]
+        release.set()
+        monkeypatch.setattr(fdwait, "_read", real)
+        time.sleep(0.2)
+        assert _waits(src, p.pid, "futex").fd_waits == []
+    finally:
+        release.set()
+        kill_all([p.pid], p)
