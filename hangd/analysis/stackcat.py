@@ -85,9 +85,13 @@ def main_thread(sample: StackSample) -> ThreadStack | None:
 def classify_thread(th: ThreadStack, rules: tuple[Rule, ...] | list[Rule] | None = None) -> Verdict:
     rules = rules if rules is not None else default_catalog()
     keys = [frame_key(f) for f in th.frames]
+    # a class body run by its module's import (py-spy names the frame after the class, its caller is
+    # the file's <module>) is importing, whatever the file: importing torch._dynamo is not compiling
+    at_import = [i + 1 < len(th.frames) and th.frames[i + 1].name == "<module>"
+                 and th.frames[i + 1].filename == f.filename for i, f in enumerate(th.frames)]
     for rule in rules:  # sorted by priority, highest first
-        for f, key in zip(th.frames, keys, strict=True):  # innermost first
-            if any(p.search(key) for p in rule.patterns):
+        for f, key, imp in zip(th.frames, keys, at_import, strict=True):  # innermost first
+            if not imp and any(p.search(key) for p in rule.patterns):
                 return Verdict(rule.kind, rule.why, frame_text(f), th.name or str(th.tid), rule.priority)
     return UNKNOWN
 

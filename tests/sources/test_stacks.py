@@ -80,6 +80,13 @@ def test_parsers_on_recorded_dumps():
     ([("megatron/core/tensor_parallel/mappings.py", "_reduce")], "collective"),
     ([("threading.py", "Event.wait"), ("torch/distributed/distributed_c10d.py", "barrier")], "collective"),
     ([("workload.py", "forever")], "unknown"),
+    # DDP's constructor imports torch._dynamo: a class body of it running at import is not compiling
+    ([("torch/_dynamo/variables/constant.py", "ConstantVariable"), ("torch/_dynamo/variables/constant.py", "<module>"),
+      ("<frozen importlib._bootstrap>", "_call_with_frames_removed"),
+      ("torch/nn/parallel/distributed.py", "DistributedDataParallel.__init__")], "unknown"),
+    # the same file's function called by code, not by its import, still is
+    ([("torch/_dynamo/variables/constant.py", "ConstantVariable.create"), ("torch/_dynamo/symbolic_convert.py", "step")],
+     "compiling"),
 ])
 def test_catalog(frames, kind):
     from hangd.snapshot import Frame, ThreadStack
