@@ -34,8 +34,10 @@ class OtherEnd:
 
 def _live(view: NodeView, pid: int) -> bool:
     h = view.procs.get(pid)
-    lp = h.latest() if h is not None else None
-    return h is not None and h.gone_at is None and lp is not None and lp.state not in ("Z", "X")
+    if h is None or h.gone_at is not None:
+        return False
+    lp = h.latest()
+    return lp is not None and lp.state != "Z"
 
 
 def _descendants(view: NodeView, pid: int) -> set[int]:
@@ -60,7 +62,7 @@ def _ancestors(view: NodeView, pid: int) -> list[int]:
         h = view.procs.get(cur)
         lp = h.latest() if h is not None else None
         if lp is None or lp.ppid is None or lp.ppid <= 1 or lp.ppid in out:
-            break
+            break  # the top of the tree (init, a pid it did not see) or a loop of reused pids
         cur = lp.ppid
         out.append(cur)
     return out
@@ -78,8 +80,10 @@ def other_end(view: NodeView, pid: int) -> OtherEnd | None:
     """What the descriptors its main thread sleeps on say of the other end; None when they were
     not read, when it waits on none (a futex, a sleep) or when they say nothing certain."""
     h = view.procs.get(pid)
-    lp = h.latest() if h is not None else None
-    if lp is None or not lp.fd_waits or lp.state not in ("S", "D"):
+    if h is None:
+        return None
+    lp = h.latest()
+    if lp is None or not lp.fd_waits or lp.state != "S":  # the source reads only ranks asleep in S
         return None
     waits, call = lp.fd_waits, lp.wait_syscall or ""
     # input from outside wins: a server sleeps on its listening socket and its own pipes at once

@@ -77,12 +77,120 @@ CASES = [
 ]
 
 
+WHAT = {  # the whole sentence each case says, as summaries quote it
+    "a DataLoader queue: a pipe its worker holds": "a pipe held by its child pid 21",
+    "a socketpair to its pool process": "a Unix socket held by its child pid 21",
+    "subprocess.wait on its child": "the exit of its child pid 21",
+    "a pipe only it holds, both ends": "a pipe only it holds: a thread of its own writes it, or nobody",
+    "a socketpair of its own": "a Unix socket only it holds: a thread of its own writes it, or nobody",
+    "a pipe its launcher writes": "a pipe held by its launcher pid 10",
+    "a TCP connection to the other rank": "a TCP connection to the rank pid 12",
+    "a listening socket": "a listening TCP socket on 0.0.0.0:8000",
+    "a server's epoll set: its own wake-up pipe and a listening socket": "a listening Unix socket",
+    "requests from a front end that listens": "a Unix socket from pid 30, which listens for connections",
+    "a connection to a server of this host outside the job":
+        "a TCP connection to 127.0.0.1:6000 whose other end no process of its job holds",
+    "the store of its launcher (torchrun's agent listens on it)": "a TCP connection held by its launcher pid 10",
+    "a pipe another program writes (stdin from a shell)": "a pipe whose other end no process of its job holds",
+}
+
+
 @pytest.mark.parametrize(("name", "waits", "kind", "says"), CASES, ids=[c[0] for c in CASES])
 def test_the_other_end(name, waits, kind, says):
     oe = otherend.other_end(view(waits), RANK)
     assert oe is not None and oe.kind == kind, f"{name}: {oe}"
     assert says in oe.what, f"{name}: {oe.what}"
+    if name in WHAT:
+        assert oe.what == WHAT[name], f"{name}: {oe.what}"
     assert oe.call == "poll"
+    # the pids at the other end, where it names them (none for a listener or an unknown sender)
+    assert set(oe.pids) == ({int(x) for x in oe.what.split("pid ")[1].split(",")[0].split()[:1]}
+                            if "pid " in oe.what else ({RANK} if kind == otherend.OWN_THREAD else set())), oe
+    assert oe.brief in oe.what and (kind != otherend.OWN_WORKER or "pid" not in oe.brief), oe
+
+
+def extra_view(extra: list[ProcSample], waits: list[FdWait]) -> NodeView:
+    v = view(waits)
+    v.feed(Snapshot(t=100.25, procs=[*extra, *(ProcSample(pid=p, ppid=pp, state="S", role=r) for p, pp, r in (
+        (LAUNCHER, 1, Role.LAUNCHER), (PEER, LAUNCHER, Role.WORKER), (CHILD, RANK, Role.CHILD),
+        (FRONT, 1, Role.CHILD)))],
+        ))
+    v.feed(Snapshot(t=100.5, procs=[ProcSample(pid=RANK, ppid=LAUNCHER, state="S", role=Role.WORKER,
+                                               wait_syscall="poll", fd_waits=waits)]))
+    return v
+
+
+@pytest.mark.parametrize(("name", "extra", "holders", "kind", "what"), [
+    ("a pool of five workers: three named, the rest counted",
+     [ProcSample(pid=p, ppid=RANK, state="S", role=Role.CHILD) for p in (41, 42, 43, 44)],
+     [RANK, CHILD, 41, 42, 43, 44], otherend.OWN_WORKER, "a pipe held by its children pid 21, 41, 42 and 2 more"),
+    ("a grandchild (a worker's own subprocess)", [ProcSample(pid=51, ppid=CHILD, state="S", role=Role.CHILD)],
+     [RANK, 51], otherend.OWN_WORKER, "a pipe held by its child pid 51"),
+    ("a sibling of no rank (a detokenizer beside the scheduler)",
+     [ProcSample(pid=61, ppid=LAUNCHER, state="S", role=Role.CHILD)],
+     [RANK, 61], otherend.OWN_WORKER, "a pipe held by a process of its job pid 61"),
+    ("its only worker is a zombie (a stale holder list): not its worker, and nothing certain",
+     [ProcSample(pid=71, ppid=RANK, state="Z", role=Role.CHILD)], [RANK, 71], None, None),
+    ("its only worker is gone", [ProcSample(pid=72, gone=True)], [RANK, 72], None, None),
+    ("a holder the view never saw (another namespace)", [], [RANK, 73], None, None),
+])
+def test_the_other_end_among_more_processes(name, extra, holders, kind, what):
+    oe = otherend.other_end(extra_view(extra, [FdWait(fd=5, kind="pipe", holders=holders)]), RANK)
+    assert (oe.kind, oe.what) == (kind, what) if oe is not None else kind is None, f"{name}: {oe}"
+
+
+@pytest.mark.parametrize(("n", "said"), [(2, "pid 21, 41"), (3, "pid 21, 41, 42"), (4, "pid 21, 41, 42 and 1 more")])
+def test_three_pids_are_named_then_counted(n, said):
+    kids = [ProcSample(pid=p, ppid=RANK, state="S", role=Role.CHILD) for p in (41, 42, 43)]
+    oe = otherend.other_end(extra_view(kids, [FdWait(fd=5, kind="pipe", holders=[RANK, CHILD, 41, 42, 43][:n + 1])]),
+                            RANK)
+    assert oe is not None and oe.what.endswith(said) and oe.what[-len(said) - 1] == " ", oe
+
+
+def test_a_wait_for_any_child_names_its_children_not_their_children():
+    grandchild = ProcSample(pid=51, ppid=CHILD, state="S", role=Role.CHILD)
+    oe = otherend.other_end(extra_view([grandchild], [FdWait(fd=-1, kind="child")]), RANK)
+    assert oe is not None and oe.pids == (CHILD,) and oe.what == f"the exit of its child pid {CHILD}"
+
+
+def test_a_wait_for_a_child_that_is_gone_names_the_children_left():
+    v = extra_view([ProcSample(pid=74, ppid=RANK, state="S", role=Role.CHILD)], [FdWait(fd=-1, kind="child", holders=[74])])
+    v.feed(Snapshot(t=100.75, procs=[ProcSample(pid=74, gone=True)]))
+    oe = otherend.other_end(v, RANK)
+    assert oe is not None and oe.pids == (CHILD,), oe
+
+
+def test_an_unnamed_call_and_an_uncertain_descriptor_beside_its_own_pipe():
+    v = view([FdWait(fd=3, kind="pipe", holders=[RANK], writes_itself=True)], call=None)  # type: ignore[arg-type]
+    oe = otherend.other_end(v, RANK)
+    assert oe is not None and oe.call == "" and oe.kind == otherend.OWN_THREAD
+    # its own pipe and an eventfd (zmq's mailbox, asyncio's): the eventfd may bring anything
+    mixed = [FdWait(fd=3, kind="pipe", holders=[RANK], writes_itself=True), FdWait(fd=4, kind="eventfd")]
+    assert otherend.other_end(view(mixed), RANK) is None
+
+
+def test_a_watched_process_of_another_job_at_the_other_end_says_nothing_certain():
+    """Not its child, not a rank, not its launcher or a sibling, and it does not listen: unknown."""
+    stranger = ProcSample(pid=81, ppid=1, state="S", role=Role.CHILD)
+    assert otherend.other_end(extra_view([stranger], [FdWait(fd=5, kind="pipe", holders=[RANK, 81])]), RANK) is None
+
+
+def test_a_parent_chain_that_loops_ends():
+    """A pid reused into its own ancestry (a trace's hostile or wrapped ppids) ends the walk."""
+    v = NodeView()
+    v.feed(Snapshot(t=100.0, procs=[
+        ProcSample(pid=RANK, ppid=90, state="S", role=Role.WORKER, wait_syscall="poll",
+                   fd_waits=[FdWait(fd=5, kind="pipe", holders=[RANK, 90])]),
+        ProcSample(pid=90, ppid=91, state="S", role=Role.LAUNCHER),
+        ProcSample(pid=91, ppid=90, state="S", role=Role.LAUNCHER)]))
+    oe = otherend.other_end(v, RANK)
+    assert oe is not None and oe.what == "a pipe held by its launcher pid 90"
+
+
+def test_a_listening_socket_without_an_address_and_no_process_view():
+    oe = otherend.other_end(view([FdWait(fd=6, kind="tcp", listening=True)]), RANK)
+    assert oe is not None and oe.what == "a listening TCP socket" and oe.pids == ()
+    assert otherend.other_end(NodeView(), RANK) is None  # a pid the view never saw
 
 
 @pytest.mark.parametrize(("name", "waits", "state"), [
