@@ -273,7 +273,10 @@ class Analyzer:
         v = stackcat.classify(good)
         py = [s for s in good if not s.native]
         sig = max((stackcat.signature(s) for s in py), key=len) if py else ()
-        if p.stack_sig and sig and sig != p.stack_sig and p.stack_sig_t is not None:
+        # moved: the calls differ, not only the line of the innermost frame (a loop spinning in one
+        # function shows a new line at each capture and goes nowhere)
+        if p.stack_sig and sig and sig[1:] + (sig[0].rsplit(":", 1)[0],) != \
+                p.stack_sig[1:] + (p.stack_sig[0].rsplit(":", 1)[0],) and p.stack_sig_t is not None:
             # it moved some time after the earlier capture: credit that moment, not this one
             self.progress.credit(pid, p.stack_sig_t + 0.01, "its stack changed between two captures", strong=True)
         if sig:

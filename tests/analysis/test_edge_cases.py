@@ -905,3 +905,32 @@ def test_an_io_stall_with_no_rank_to_blame_says_how_long_nothing_has_progressed(
     (inc,) = node.an.incidents()
     assert inc.kind == "io_stall" and inc.culprit_ranks == [], inc.summary
     assert "no rank has progressed for " in inc.summary, inc.summary
+
+
+def _capture(node: Node, pid: int, frames: list[tuple[str, str, int]]) -> None:
+    node.pending_stacks.append(StackSample(pid=pid, threads=[ThreadStack(
+        tid=pid, name="MainThread", active=True, owns_gil=True,
+        frames=[Frame(name=n, filename=f, line=ln) for f, n, ln in frames])]))
+
+
+@pytest.mark.parametrize(("second", "moved"), [
+    ([("ckpt.py", "spin", 41), ("ckpt.py", "save", 12), ("train.py", "main", 3)], False),  # the loop's other line
+    ([("ckpt.py", "write_shard", 7), ("ckpt.py", "save", 14), ("train.py", "main", 3)], True),  # a new call
+])
+def test_a_stack_moved_only_when_its_calls_differ_not_the_line_of_a_loop(second, moved):
+    """A rank spinning in one Python function shows a new line at each capture and goes nowhere:
+    that is no progress, and its peer's wait becomes a hang naming it. A capture in another call is."""
+    node = Node([P(10, 1), P(11, 10, torchrun_env(0, 2), state="R", wchan="0", cpu_ticks_per_s=100),
+                 P(12, 10, torchrun_env(1, 2))])
+    node.run(2)
+    node.stack(12, COLL)
+    _capture(node, 11, [("ckpt.py", "spin", 40), ("ckpt.py", "save", 12), ("train.py", "main", 3)])
+    node.run(4)
+    _capture(node, 11, second)
+    node.run(1)
+    said = node.an.progress.of(11).why == "its stack changed between two captures"
+    assert said == moved, node.an.progress.of(11).why
+    node.run(30)
+    hangs = [i for i in node.an.incidents() if i.kind == "host_stall"]
+    if not moved:
+        assert len(hangs) == 1 and hangs[0].culprit_ranks == [0], [(i.kind, i.culprit_ranks) for i in node.an.incidents()]
