@@ -275,8 +275,7 @@ class Analyzer:
         sig = max((stackcat.signature(s) for s in py), key=len) if py else ()
         # moved: the calls differ, not only the line of the innermost frame (a loop spinning in one
         # function shows a new line at each capture and goes nowhere)
-        if p.stack_sig and sig and sig[1:] + (sig[0].rsplit(":", 1)[0],) != \
-                p.stack_sig[1:] + (p.stack_sig[0].rsplit(":", 1)[0],) and p.stack_sig_t is not None:
+        if p.stack_sig and sig and _calls(sig) != _calls(p.stack_sig) and p.stack_sig_t is not None:
             # it moved some time after the earlier capture: credit that moment, not this one
             self.progress.credit(pid, p.stack_sig_t + 0.01, "its stack changed between two captures", strong=True)
         if sig:
@@ -310,8 +309,9 @@ class Analyzer:
             fresh = p.verdict_t is not None and t - p.verdict_t <= th.verdict_fresh_s and \
                 (pr.last_strong is None or pr.last_strong <= p.verdict_t + th.window_s) and \
                 _same_wait_point(p.verdict_wchan, s)
+        p.other_end = otherend.other_end(self.view, pid)  # once a tick: gather reads it off the track
         return Context(verdict=p.verdict if fresh else stackcat.UNKNOWN, progressed_recently=pr.recent(t, th.window_s),
-                       progress_why=pr.why, other_end=otherend.other_end(self.view, pid))
+                       progress_why=pr.why, other_end=p.other_end)
 
     def _last_wait(self, pid: int, s: ProcSignals, t: float) -> str | None:
         """The kind of wait its last stack showed, while it stays at the same kernel wait point."""
@@ -477,6 +477,11 @@ def _wait_point(h: ProcHistory) -> str | None:
         if ps.state != "t":
             return ps.wchan
     return None
+
+
+def _calls(sig: tuple[str, ...]) -> tuple[str, ...]:
+    """A stack signature without the line of its innermost frame: where the calls are."""
+    return (sig[0].rsplit(":", 1)[0], *sig[1:])
 
 
 def _same_wait_point(wchan: str | None, s: ProcSignals) -> bool:

@@ -208,7 +208,7 @@ def waits_on(an: Analyzer, pid: int, jv: JobView) -> tuple[rankstate.WaitsOn, st
         return W.PEER, ""
     if loc == Local.STOPPED:
         return W.STOPPED, ""
-    oe = otherend.other_end(an.view, pid)
+    oe = an._track(pid).other_end  # as the engine read it this tick (Analyzer._context)
     if loc == Local.SERVING:
         return W.OUTSIDE, oe.what if oe is not None and oe.kind == otherend.OUTSIDE else ""
     if loc == Local.WORKER_WAIT and oe is not None and oe.kind == otherend.OWN_THREAD:

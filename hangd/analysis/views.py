@@ -7,7 +7,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from hangd.analysis import stackcat
+from hangd.analysis import otherend, stackcat
 from hangd.analysis.identity import Job
 from hangd.analysis.model import Local, Reading, State, Strength
 from hangd.analysis.signals import ProcSignals
@@ -35,6 +35,7 @@ class ProcTrack:
     stack_sig_t: float | None = None
     threads_seen: dict[str, float] = field(default_factory=dict)  # thread name/tid -> last capture with it
     reading: Reading = Reading(Local.QUIET, "")
+    other_end: otherend.OtherEnd | None = None  # what its descriptors say of its wait, at the last tick
     rule: str = ""  # the decision-table row that decided its state at the last tick
     job: str | None = None
     rank: int | None = None
