@@ -439,6 +439,7 @@ class Analyzer:
                     return None
         p.away.clear()
         p.state, p.since, p.reason, p.pending = state, t, reason, None
+        p.shown.append((t, state, reason, p.reading.local))
         return StateChange(t, pid, job.ranks.get(pid), job.id, state, reason, {"signals": s.brief()})
 
     def _resolve_gone_jobs(self, t: float) -> None:

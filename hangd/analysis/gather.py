@@ -19,6 +19,8 @@ from hangd.analysis.views import JobView
 if TYPE_CHECKING:
     from hangd.analysis.engine import Analyzer
 
+# Readings that show no more than a core in use or silence: a state shown on them alone is a guess.
+GUESSED = (Local.CPU, Local.QUIET)
 # Kernel wait points of a sleep in the process's own code (time.sleep), not a block on something.
 SLEEP_WCHANS = ("hrtimer_nanosleep", "do_nanosleep", "clock_nanosleep", "common_nsleep")
 
@@ -115,16 +117,38 @@ def evidence(an: Analyzer, pid: int, jv: JobView, facts: dict[str, Any], orphane
     worker_stuck = loc == Local.WORKER_WAIT and progress.get("children") != rankstate.Moved.YES
     job_hung = facts["hung"] or (facts["exited"] and loc not in (Local.BUSY, Local.LOADING, Local.WRITING, Local.COMPILING))
     why = rd.why
+    held = shown_at_progress(an, pid, t)
     return rankstate.Evidence(
         local=loc, why=why, progress=progress, how=how, waits_on=waiting_on, waits_detail=detail,
-        started=p.started, first_evidence=first_evidence(an, pid, jv), previous=p.state, why_previous=p.reason,
+        started=p.started, first_evidence=first_evidence(an, pid, jv), previous=held[0], why_previous=held[1],
         orphaned=orphaned, orphan_why=orphan.reason(an.view, pid) if orphaned else "",
         job_hung=job_hung, hung_why=facts["hung_why"], hung_ref=facts["hung_ref"], age_s=s.age_s,
         idle_server=facts["idle"] and not worker_stuck, idle_why=facts["idle_why"],
         # a wait on its own workers that do not move keeps what it did before, as a first wait for a
         # peer does, until the job is judged hung or the wait outlasts the hang threshold twice
-        hold=(facts["hold"] or (worker_stuck and jv.quiet < 2 * an.th.hang_host_s)) and not compile_over(p.state, loc),
+        hold=(facts["hold"] or (worker_stuck and jv.quiet < 2 * an.th.hang_host_s)) and not compile_over(held[0], loc),
         peers_wait_for_it=peers_wait, it_waits_for=it_waits_for)
+
+def shown_at_progress(an: Analyzer, pid: int, t: float) -> tuple[State | None, str]:
+    """The state a hold keeps: the one it was shown in when it last progressed. A state shown since
+    on nothing but its CPU or its silence was a guess made before a stack showed the wait (captures
+    are seconds apart): a loader whose reads end as it enters a collective that spins a core was
+    loading when the wait began, not busy. A state shown since on evidence (a stack, its
+    descriptors, its GPU) stands."""
+    p = an._track(pid)
+    last = an.progress.of(pid).last
+    if last is None or p.state is None or p.since <= last:
+        return p.state, p.reason
+    for since, state, reason, loc in reversed(p.shown):
+        if since > last and loc in GUESSED:
+            continue
+        if since <= last and state != State.STARTING:  # still setting up then: what it shows now
+            return state, f"{reason} ({t - last:.0f} s ago, when it last progressed)"
+        if state != State.STARTING:
+            return state, reason
+        break
+    return p.state, p.reason
+
 
 def compile_over(previous: State | None, loc: Local) -> bool:
     """A rank said to compile whose stack now shows it waiting for a peer (a collective, the store)

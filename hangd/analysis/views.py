@@ -37,6 +37,9 @@ class ProcTrack:
     reading: Reading = Reading(Local.QUIET, "")
     other_end: otherend.OtherEnd | None = None  # what its descriptors say of its wait, at the last tick
     rule: str = ""  # the decision-table row that decided its state at the last tick
+    # the states it was shown in, newest last: (since, state, reason, the local reading it came on);
+    # a first wait keeps the one it had when it last progressed (gather.shown_at_progress)
+    shown: deque[tuple[float, State, str, Local]] = field(default_factory=lambda: deque(maxlen=8))
     job: str | None = None
     rank: int | None = None
 

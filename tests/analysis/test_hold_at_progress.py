@@ -1,0 +1,86 @@
+"""A first wait keeps the state the rank was in when it last progressed, not a guess made since.
+
+Captures are seconds apart. A loader whose reads end as it enters a collective that spins a core
+(NCCL's lazy communicator set-up in its first barrier does) reads as "on the CPU" until a stack
+shows the wait: shown `busy` on that alone, it would stay `busy` through the hold, while it was
+loading when the wait began. A state shown since on evidence (a stack, its GPU) stands."""
+
+from __future__ import annotations
+
+import pytest
+
+from hangd.analysis.engine import Analyzer
+from hangd.analysis.gather import shown_at_progress
+from hangd.analysis.model import Local, State
+
+from .builders import Node, P, torchrun_env
+
+BARRIER = [("torch/distributed/distributed_c10d.py", "barrier"), ("load.py", "main")]
+EVENT = [("threading.py", "wait"), ("load.py", "load_shard")]
+
+
+def _loaders() -> tuple[Node, P, P]:
+    r0 = P(11, 10, torchrun_env(0, 2), gpu=0, read_per_s=300_000_000, wchan="hrtimer_nanosleep",
+           cpu_ticks_per_s=30, dist_threads=["pt_nccl_watchdg"])
+    r1 = P(12, 10, torchrun_env(1, 2), gpu=1, read_per_s=300_000_000, wchan="hrtimer_nanosleep",
+           cpu_ticks_per_s=30, dist_threads=["pt_nccl_watchdg"])
+    node = Node([P(10, 1), r0, r1])
+    node.run(10)
+    assert node.state(11) == "loading"
+    return node, r0, r1
+
+
+@pytest.mark.parametrize("after_loading, said", [
+    ("spins", "loading"),  # a core spent in the barrier's set-up: the guess is undone
+    ("gpu", "busy"),  # it trained on its GPU first: shown busy on evidence, that stands
+], ids=["spins_a_core", "worked_on_its_gpu"])
+def test_a_loader_entering_a_wait_keeps_what_it_last_did(after_loading: str, said: str):
+    node, r0, r1 = _loaders()
+    # rank 1 stops in its loader, blocked on an event nobody sets
+    r1.read_per_s, r1.cpu_ticks_per_s, r1.wchan = 0, 0, "futex_do_wait"
+    r0.read_per_s = 0
+    if after_loading == "spins":
+        r0.state, r0.wchan, r0.cpu_ticks_per_s = "R", "0", 100
+        node.run(9)  # the reads leave the window; a core in use, nothing else: shown busy
+    else:
+        r0.look = "work"
+        node.run(9)
+        r0.look, r0.state, r0.wchan, r0.cpu_ticks_per_s = "idle", "R", "0", 100
+        node.run(1)
+    assert node.state(11) == "busy"
+    node.stack(11, BARRIER)
+    node.stack(12, EVENT)
+    node.run(3)  # a new state holds for the dwell before it is said
+    assert node.state(11) == said
+    assert node.kinds() == []  # still a first wait: no hang yet
+
+
+def _analyzer_with(shown: list[tuple[float, State, Local]], last: float | None) -> Analyzer:
+    an = Analyzer()
+    p = an._track(7)
+    for since, st, loc in shown:
+        p.shown.append((since, st, f"{st} then", loc))
+    p.state, p.since, p.reason = shown[-1][1], shown[-1][0], f"{shown[-1][1]} then"
+    if last is not None:
+        an.progress.credit(7, last, "read", strong=True)
+    return an
+
+
+L, B, W, S, Q = State.LOADING, State.BUSY, State.WAITING_PEER, State.STARTING, State.IDLE
+
+
+@pytest.mark.parametrize("shown, last, kept", [
+    ([(10, L, Local.LOADING), (16, B, Local.CPU)], 14, L),  # busy on a core alone: undone
+    ([(10, L, Local.LOADING), (16, B, Local.CPU), (17, Q, Local.QUIET)], 14, L),  # and silence
+    ([(10, L, Local.LOADING), (16, W, Local.WAITING)], 14, W),  # a stack's wait since: stands
+    ([(10, L, Local.LOADING), (15, W, Local.WAITING), (16, B, Local.CPU)], 14, W),  # the guess after it goes
+    ([(10, L, Local.LOADING), (16, B, Local.BUSY)], 14, B),  # its GPU since: stands
+    ([(5, S, Local.LOADING), (16, B, Local.CPU)], 14, B),  # still setting up then: what it shows now
+    ([(10, L, Local.LOADING), (16, B, Local.CPU)], 17, B),  # progressed since: what it shows now
+    ([(10, L, Local.LOADING), (16, B, Local.CPU)], None, B),  # never progressed: what it shows now
+])
+def test_the_state_a_hold_keeps(shown, last, kept):
+    an = _analyzer_with(shown, last)
+    state, why = shown_at_progress(an, 7, 20.0)
+    assert state == kept
+    assert why.startswith(f"{kept} then")
