@@ -49,13 +49,16 @@ def job_facts(an: Analyzer, jv: JobView) -> dict[str, Any]:
     # the wait began when the waiting ranks last progressed, if that was before a stack showed it
     # (captures are seconds apart): what a peer did in between was done while they waited
     began = min([tr.episode_start] + [x for w in waiting if (x := an.progress.of(w).last) is not None])
+    # every rank waits: there is no peer working to wait for (a pattern of such waits is the job's
+    # own collectives, each rank in them a moment; one that lasts is a hang in the making)
+    everyone = bool(waiting) and waiting >= set(jv.live)
     peer_works = any((x := an.progress.of(o).last) is not None and x > began
                      and t - x <= th.progress_recent_s and not only_logged(an, o, jv, began)
                      for o in jv.live if o not in waiting)
     return {"hung": tr.hung, "exited": exited, "hung_why": hung_why, "hung_ref": hung_ref, "idle": idle, "idle_why": idle_why,
             # a wait read off the GPU may be a blip; any wait while nothing moves may be a hang in
             # the making; a wait for a peer that works is waiting_peer at once
-            "hold": bool(waiting) and not recurring and (
+            "hold": bool(waiting) and (not recurring or everyone) and (
                 (bool(jv.spinning) and t - tr.episode_start < (th.hang_gpu_s if not peer_works else 2 * th.dwell_s))
                 or (not peer_works and jv.quiet < 2 * th.hang_host_s)),
             "waiting": waiting, "serving": serving}

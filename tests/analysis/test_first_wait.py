@@ -97,3 +97,31 @@ def test_a_wait_is_dated_from_the_waiting_rank_s_last_progress_not_from_its_stac
     node.stack(12, [("torch/distributed/distributed_c10d.py", "barrier"), ("train.py", "save")])
     node.run(3)
     assert node.state(12) == said
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_a_wait_every_rank_is_in_is_held_though_such_waits_recur(world: int):
+    """Every rank spins in a collective (one skipped a step: each waits in a different one). Such
+    all-rank waits recur in healthy training, a moment each step; one that lasts has no peer at
+    work to wait for: the ranks keep their state until the job is judged hung."""
+    ranks = [P(11 + r, 10, torchrun_env(r, world), gpu=r, look="work", dist_threads=["pt_nccl_watchdg"])
+             for r in range(world)]
+    node = Node([P(10, 1), *ranks])
+    node.run(6)
+    for _ in range(3):  # three waits of all ranks in the step's all_reduce, seconds each (slow transport)
+        for r in ranks:
+            r.look = "spin"
+            node.stack(r.pid, COLL)
+        node.run(2.5)
+        for r in ranks:
+            r.look = "work"
+        node.run(5)
+    assert [node.state(r.pid) for r in ranks] == ["busy"] * world
+    for r in ranks:
+        r.look = "spin"
+        node.stack(r.pid, COLL)
+    node.run(8)  # past the dwell, short of the hang threshold
+    assert [node.state(r.pid) for r in ranks] == ["busy"] * world
+    node.run(6)
+    assert [node.state(r.pid) for r in ranks] == ["hung"] * world
+    assert "nccl_stall" in node.kinds()
