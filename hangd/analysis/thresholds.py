@@ -91,6 +91,10 @@ class Thresholds:
     straggler_wait_s: float = 10.0  # seconds peers waited on one rank within straggler_window_s
     straggler_window_s: float = 60.0
     rank_exit_grace_s: float = 10.0
+    # ... unless every rank left waits for a peer (a collective, the store) that long since the exit:
+    # NCCL and the store wait for the one that left until their timeout (a gloo collective fails
+    # within a second when its peer's socket closes)
+    rank_exit_wait_s: float = 4.0
     orphan_gpu_s: float = 5.0
     unattributed_gpu_bytes: float = 2 * GiB
     unattributed_gpu_s: float = 30.0

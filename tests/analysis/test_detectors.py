@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from .builders import Node, P, churn, torchrun_env
 
 COLL = [("torch/distributed/distributed_c10d.py", "broadcast_object_list"), ("server.py", "loop")]
@@ -153,6 +155,35 @@ def test_a_rank_that_exits_while_its_peer_keeps_working_is_not_rank_exited():
     node.kill(12)
     node.run(30)  # rank 0 keeps working (saving a checkpoint, its last steps)
     assert node.kinds() == []
+
+
+def _exit_seconds(after_exit: str, waits_since_s: float = 0.0) -> float | None:
+    """Seconds from rank 1's exit to a rank_exited incident (up to 20 s), rank 0 doing
+    ``after_exit``: spinning on its GPU in a collective or blocked host-side in one (its stack)."""
+    node = Node([P(10, 1), *two_ranks(look="work")])
+    node.run(5)
+    node.kill(12)
+    node.run(waits_since_s)  # it works on a while first (its last kernels)
+    if after_exit == "spins":
+        node.procs[11].look = "spin"
+    else:
+        node.procs[11].look = "idle"
+        node.stack(11, COLL)
+    for k in range(int(20 * node.hz)):
+        node.tick()
+        if "rank_exited" in node.kinds():
+            return k / node.hz + waits_since_s
+    return None
+
+
+@pytest.mark.parametrize("after_exit", ["spins", "blocked"])
+def test_a_rank_left_waiting_for_one_that_exited_is_reported_within_seconds(after_exit: str):
+    """NCCL waits for a peer that left until its timeout: a rank left alone waiting in a collective
+    needs no 10 s grace to be told from a job that ended, only the seconds a wait needs to hold."""
+    at = _exit_seconds(after_exit)
+    assert at is not None and at <= 6.0, at
+    later = _exit_seconds(after_exit, waits_since_s=2.0)
+    assert later is not None and later <= 8.0, later
 
 
 def test_memory_stays_bounded_under_job_churn():

@@ -1,6 +1,7 @@
 """A rank that exited while its peers still run and no longer progress: they will wait for it
 until their collective timeout (``rank_exited``). Ranks that all exit within the grace period
-ended the job, and a peer that keeps progressing after a rank exited (saving a checkpoint, its
+ended the job (unless every rank left waits for a peer, in a collective or the store, for
+``rank_exit_wait_s``: NCCL and the store wait for the one that left until their timeout), and a peer that keeps progressing after a rank exited (saving a checkpoint, its
 own last steps) is not waiting for it: neither is an incident."""
 
 from __future__ import annotations
@@ -42,7 +43,10 @@ def step(env: Env, jv: JobView) -> Incident | None:
     if not new_exits:
         return inc
     first_exit = min(new_exits.values())
-    if t - _settled(jv, first_exit) < th.rank_exit_grace_s:
+    # every rank left waits for a peer since the exit: for the one that left, whatever the grace
+    all_wait = bool(jv.live) and jv.waiting >= set(jv.live) and tr.episode is not None \
+        and t - max(first_exit, tr.episode_start) >= th.rank_exit_wait_s
+    if t - _settled(jv, first_exit) < th.rank_exit_grace_s and not all_wait:
         return inc
     # progressed after the exit (past one window) and now not waiting on a peer: it went on alone
     # (its own last steps, a checkpoint), not waiting for the one that left
