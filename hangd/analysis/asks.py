@@ -20,12 +20,19 @@ def ask_for_evidence(an: Analyzer, jv: JobView) -> None:
     if not live:
         return
     # a rank on the CPU with no GPU work says what it does only in its stack (compiling, importing,
-    # tokenizing, its own loop): one non-blocking capture, again while it stays so unexplained
+    # tokenizing, its own loop): one non-blocking capture, again while it stays so unexplained. A
+    # stack that named nothing (its start-up imports, taken before the work now seen began: tracing
+    # with torch.compile) is no answer: it is taken again stack_repeat_s later, then less and less often
     for p in live:
         tp = an._track(p)
-        if jv.readings[p].local == Local.CPU and (tp.verdict_t is None or t - tp.verdict_t >= th.cpu_stack_every_s) \
-                and (tp.cpu_stack_asked is None or t - tp.cpu_stack_asked >= th.cpu_stack_every_s):
+        if tp.verdict.known:
+            tp.cpu_stacks_unnamed = 0
+        every = min(th.cpu_stack_every_s, th.stack_repeat_s * 2 ** tp.cpu_stacks_unnamed) \
+            if tp.verdict_t is not None and not tp.verdict.known else th.cpu_stack_every_s
+        if jv.readings[p].local == Local.CPU and (tp.verdict_t is None or t - tp.verdict_t >= every) \
+                and (tp.cpu_stack_asked is None or t - tp.cpu_stack_asked >= every):
             tp.cpu_stack_asked = t
+            tp.cpu_stacks_unnamed += not tp.verdict.known and tp.verdict_t is not None
             an.requests.stacks.append((p, False))
     if jv.quiet < th.stack_quiet_s:
         tr.stacks_asked = []

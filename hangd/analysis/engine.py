@@ -415,7 +415,7 @@ class Analyzer:
         p.away.append((t, state, reason))
         # hung is said at once (the incident says it too); orphaned holds for the dwell like the rest:
         # a job torn down rank by rank has its launcher gone a moment before its ranks
-        immediate = p.state is None or state == State.HUNG
+        immediate = p.state is None or state == State.HUNG or fresh_compile(p, state)
         if not immediate:
             if p.pending != state:
                 p.pending, p.pending_since = state, t
@@ -469,6 +469,13 @@ class Analyzer:
             self.dropped["jobs"] += 1
         for key in [k for k in self._fr_out if k[0] not in self.job_tracks]:
             del self._fr_out[key]
+
+
+def fresh_compile(p: ProcTrack, state: State) -> bool:
+    """A compile its stack shows, caught since its state was last said, is said at once: a capture
+    is no flickering rate, and what it shows began before it was taken."""
+    return state == State.COMPILING and p.verdict.kind in stackcat.COMPILE_KINDS and \
+        p.verdict_t is not None and p.verdict_t > p.since
 
 
 def _wait_point(h: ProcHistory) -> str | None:

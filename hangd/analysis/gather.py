@@ -288,7 +288,9 @@ def first_evidence(an: Analyzer, pid: int, jv: JobView) -> bool:
     p.working_since = (p.working_since if p.working_since is not None else t) if working else None
     if loc == Local.WAITING and p.verdict.kind == "store":
         return False  # the rendezvous of its start-up: still setting up (a hang says itself)
-    if loc == Local.COMPILING and p.verdict.kind == "compile_setup" and not s.compile_children:
+    lp = an.view.procs[pid].latest()
+    pg_up = lp is not None and bool(lp.dist_threads)
+    if loc == Local.COMPILING and p.verdict.kind == "compile_setup" and not s.compile_children and not pg_up:
         return False  # torch.compile() importing its compiler during start-up: still setting up
     if loc in (Local.SERVING, Local.SPINNING, Local.WAITING, Local.WORKER_WAIT, Local.GRAPH_CAPTURE,
                Local.COMPILING, Local.STOPPED):
@@ -301,8 +303,6 @@ def first_evidence(an: Analyzer, pid: int, jv: JobView) -> bool:
     # its process group is up (gloo's or NCCL's threads run: imports and init are over) and kernels run
     # on its GPU: set up, whatever it does next (CPU alone is no proof: a rank spinning in a barrier
     # burns a core too)
-    lp = an.view.procs[pid].latest()
-    pg_up = lp is not None and bool(lp.dist_threads)
     # a rank without a GPU (gloo on the CPU) working on the CPU with its process group up: its imports are over
     dist_up = pg_up and ((s.gpu.util or 0) >= th.gpu_active_util_pct or (not s.gpu_indexes and loc in (Local.CPU, Local.BUSY)))
     moving = loc in (Local.LOADING, Local.WRITING) and (bool(s.gpu_indexes) or s.age_s >= th.startup_imports_s) \

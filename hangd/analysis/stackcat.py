@@ -21,6 +21,9 @@ IGNORED_THREAD_FRAMES = re.compile(r"<frozen importlib|ProcessGroupNCCL::(ncclCo
 WORK_KINDS = frozenset({"compile_setup", "compiling", "loading", "graph_capture"})
 # Kinds that show it compiling: ``compile_setup`` is the torch.compile() call importing its compiler
 COMPILE_KINDS = frozenset({"compile_setup", "compiling"})
+# The compiler's own modules: code their import runs (decorators registering polyfills, rule
+# tables: DDP and torch.save import torch._dynamo lazily in plain training) is importing, not compiling
+COMPILER_MODULES = re.compile(r"torch/_dynamo/|torch/_inductor/|torch/_functorch/|triton/")
 
 @dataclass(frozen=True, slots=True)
 class Rule:
@@ -89,9 +92,14 @@ def classify_thread(th: ThreadStack, rules: tuple[Rule, ...] | list[Rule] | None
     # the file's <module>) is importing, whatever the file: importing torch._dynamo is not compiling
     at_import = [i + 1 < len(th.frames) and th.frames[i + 1].name == "<module>"
                  and th.frames[i + 1].filename == f.filename for i, f in enumerate(th.frames)]
+    # frames run while one of the compiler's modules is imported (inner to its ``<module>`` frame)
+    outer = [i for i, f in enumerate(th.frames) if f.name == "<module>" and COMPILER_MODULES.search(f.filename)]
+    compiler_import = [bool(outer) and i < outer[-1] for i in range(len(th.frames))]
     for rule in rules:  # sorted by priority, highest first
-        for f, key, imp in zip(th.frames, keys, at_import, strict=True):  # innermost first
-            if not imp and any(p.search(key) for p in rule.patterns):
+        for f, key, imp, cimp in zip(th.frames, keys, at_import, compiler_import, strict=True):  # innermost first
+            if imp or cimp and rule.kind in COMPILE_KINDS:
+                continue
+            if any(p.search(key) for p in rule.patterns):
                 return Verdict(rule.kind, rule.why, frame_text(f), th.name or str(th.tid), rule.priority)
     return UNKNOWN
 

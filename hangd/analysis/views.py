@@ -30,6 +30,7 @@ class ProcTrack:
     # the states decided since the reported one was last decided (flicker between others: see _set_state)
     away: deque[tuple[float, State, str]] = field(default_factory=lambda: deque(maxlen=40))
     cpu_stack_asked: float | None = None  # when a stack was last asked for because it worked on the CPU unexplained
+    cpu_stacks_unnamed: int = 0  # ... asked again since after stacks that named nothing (they back off)
     verdict_wchan: str | None = None  # where the kernel had it blocked when the stack was taken
     stack_sig: tuple[str, ...] = ()
     stack_sig_t: float | None = None

@@ -7,6 +7,11 @@ from __future__ import annotations
 
 import pytest
 
+from hangd.analysis import stackcat
+from hangd.replay import run_replay
+from hangd.snapshot import Frame, ThreadStack
+from tests.conftest import DATA
+
 from .builders import Node, P, torchrun_env
 
 DYNAMO_IMPORT = [("torch/_dynamo/variables/builder.py", "<module>"), ("torch/_dynamo/convert_frame.py", "<module>"),
@@ -85,3 +90,83 @@ def test_torch_compile_importing_during_start_up_is_still_starting():
     node.stack(21, DYNAMO_IMPORT)
     node.run(4)
     assert node.state(21) == "starting", node.an.tracks[21].reason
+
+
+# Main threads as py-spy caught them in the recorded CPU matrix (tests/data/traces/matrix-cpu),
+# innermost first, trimmed of the importlib frames between.
+DDP_IMPORTS_DYNAMO = [  # mpargv-serve_poll-sigstop-collective, rank 1 at 10.5 s: plain DDP training
+    ("inspect.py", "getattr_static"), ("torch/_dynamo/utils.py", "unwrap_with_attr_name_if_wrapper"),
+    ("torch/_dynamo/trace_rules.py", "_load_obj_from_str"), ("torch/_dynamo/utils.py", "is_lru_cache_wrapped_function"),
+    ("torch/_dynamo/trace_rules.py", "get_torch_obj_rule_map"),
+    ("torch/_dynamo/decorators.py", "substitute_in_graph.<locals>.wrapper"),
+    ("torch/_dynamo/polyfills/_collections.py", "<module>"), ("<frozen importlib._bootstrap>", "_find_and_load"),
+    ("torch/_dynamo/polyfills/loader.py", "<module>"), ("<frozen importlib._bootstrap>", "_find_and_load"),
+    ("torch/_dynamo/__init__.py", "<module>"), ("<frozen importlib._bootstrap>", "_find_and_load"),
+    ("torch/__init__.py", "__getattr__"), ("torch/nn/parallel/distributed.py", "DistributedDataParallel.__init__"),
+    ("matrix_job.py", "train"), ("matrix_job.py", "main"), ("matrix_job.py", "<module>")]
+COMPILE_IMPORTS_INDUCTOR = [  # parent-compile-none, rank 0 at 10.5 s: inside torch.compile()
+    ("inspect.py", "Signature.from_callable"), ("dataclasses.py", "dataclass"),
+    ("torch/ao/quantization/fx/custom_config.py", "<module>"), ("<frozen importlib._bootstrap>", "_find_and_load"),
+    ("torch/__init__.py", "_TorchCompileInductorWrapper.get_compiler_config"),
+    ("torch/_dynamo/eval_frame.py", "_optimize"), ("torch/_dynamo/eval_frame.py", "optimize"),
+    ("torch/__init__.py", "compile"), ("matrix_job.py", "compile_phase"), ("matrix_job.py", "main"),
+    ("matrix_job.py", "<module>")]
+CODEGEN_WAITS_ON_CACHE_LOCK = [  # parent-compile-none, rank 1 at 20.6 s: its peer builds the same kernel
+    ("filelock/_core/_acquire.py", "LockAcquisition._poll_until_acquired"), ("torch/utils/_filelock.py", "FileLock.__enter__"),
+    ("torch/_inductor/cpu_vec_isa.py", "VecISA.check_build"), ("torch/_inductor/codegen/cpp.py", "CppKernelProxy.__init__"),
+    ("torch/_inductor/scheduler.py", "Scheduler.codegen"), ("torch/_inductor/compile_fx.py", "compile_fx_inner"),
+    ("matrix_job.py", "compile_phase"), ("matrix_job.py", "main"), ("matrix_job.py", "<module>")]
+
+
+@pytest.mark.parametrize(("name", "frames", "kind"), [
+    ("DDP importing torch._dynamo runs its decorators: importing, not compiling", DDP_IMPORTS_DYNAMO, "unknown"),
+    ("torch.compile() importing inductor: setting up the compile", COMPILE_IMPORTS_INDUCTOR, "compile_setup"),
+    ("inductor's codegen waiting for the cache lock its peer holds: compiling", CODEGEN_WAITS_ON_CACHE_LOCK, "compiling"),
+], ids=lambda x: x if isinstance(x, str) and " " in x else "")
+def test_what_a_recorded_stack_says_of_a_compile(name, frames, kind):
+    th = ThreadStack(tid=1, name="MainThread", active=True, owns_gil=True,
+                     frames=[Frame(name=n, filename=f"/opt/venv/lib/python3.11/site-packages/{f}", line=1) for f, n in frames])
+    assert stackcat.classify_thread(th).kind == kind, name
+
+
+def test_a_compile_its_stack_shows_is_said_at_once():
+    """A stack is a capture, not a flickering rate: the compile it shows is said at the next tick,
+    not after the dwell (parent-compile-none: 2 s of "busy" after the stack said compile)."""
+    node = cpu_job()
+    assert node.state(11) == "busy"
+    node.stack(11, DYNAMO_IMPORT)
+    node.run(0.5)
+    assert node.state(11) == "compiling", node.an.tracks[11].reason
+
+
+def test_a_set_up_rank_in_torch_compile_is_compiling_not_starting():
+    """A gloo rank whose process group is up (its imports and init are over) that a stack catches in
+    torch.compile() before any compiler runs is compiling: it does not stay "starting" until g++ starts
+    (torchrun-compile-sigstop-collective: gloo's threads seen at 8 s, inside torch.compile(), g++ at 14 s)."""
+    rank = P(21, 20, torchrun_env(0, 2), state="R", wchan="0", cpu_ticks_per_s=60, start=999.0)
+    node = Node([P(20, 1, cmdline=["torchrun", "train.py"]), rank])
+    node.run(3)
+    assert node.state(21) == "starting"
+    rank.dist_threads = ["pt_gloo_runloop", "gloo_tcp_loop"]
+    node.stack(21, DYNAMO_IMPORT)
+    node.run(3)
+    assert node.state(21) == "compiling", node.an.tracks[21].reason
+
+
+def test_a_stack_that_named_nothing_is_taken_again_once_the_rank_works_on():
+    """Recorded parent-compile-none: both ranks were caught in their start-up imports (a stack that names
+    nothing), then traced with torch.compile on the CPU for 20 s. The analysis asks for their stacks
+    again a few seconds later, not 30 s after the start-up one (the recording, made without it, has
+    no stack of them from 4 s to 10 s and shows them busy)."""
+    d = DATA / "traces" / "matrix-cpu" / "parent-compile-none"
+    asked: dict[int, list[float]] = {}
+
+    def seen(an, snap):
+        for pid, tp in an.tracks.items():
+            if tp.cpu_stack_asked is not None and tp.cpu_stack_asked not in asked.setdefault(pid, []):
+                asked[pid].append(tp.cpu_stack_asked)
+
+    _, info = run_replay(str(d), on_snapshot=seen)
+    t0 = info["meta"]["t_start"]
+    for pid in info["meta"]["ranks"].values():
+        assert any(6 <= t - t0 <= 10 for t in asked[pid]), (pid, [round(t - t0, 1) for t in asked[pid]])
