@@ -286,6 +286,9 @@ def first_evidence(an: Analyzer, pid: int, jv: JobView) -> bool:
     p.quiet_since = (p.quiet_since if p.quiet_since is not None else t) if asleep else None
     working = loc in (Local.LOADING, Local.WRITING, Local.IO_WAIT, Local.CPU, Local.BUSY)
     p.working_since = (p.working_since if p.working_since is not None else t) if working else None
+    lp = an.view.procs[pid].latest()
+    pg_up = lp is not None and bool(lp.dist_threads)
+    note_gpu_mem(an, pid, jv, pg_up)
     if loc == Local.WAITING and p.verdict.kind == "store":
         return False  # the rendezvous of its start-up: still setting up (a hang says itself)
     lp = an.view.procs[pid].latest()
@@ -301,10 +304,11 @@ def first_evidence(an: Analyzer, pid: int, jv: JobView) -> bool:
     if working and fresh and p.verdict.kind == "importing":
         return False  # its stack says it still imports
     # its process group is up (gloo's or NCCL's threads run: imports and init are over) and kernels run
-    # on its GPU: set up, whatever it does next (CPU alone is no proof: a rank spinning in a barrier
-    # burns a core too)
-    # a rank without a GPU (gloo on the CPU) working on the CPU with its process group up: its imports are over
-    dist_up = pg_up and ((s.gpu.util or 0) >= th.gpu_active_util_pct or (not s.gpu_indexes and loc in (Local.CPU, Local.BUSY)))
+    # on its GPU: set up, whatever it does next (CPU alone is no proof once NCCL may run: a rank
+    # spinning in a barrier burns a core too); a rank without a GPU (gloo on the CPU), or a GPU rank
+    # with no communicator yet, working on the CPU with its process group up: its imports are over
+    dist_up = pg_up and ((s.gpu.util or 0) >= th.gpu_active_util_pct or (not s.gpu_indexes and loc in (Local.CPU, Local.BUSY))
+                         or own_cpu_before_nccl(an, pid, jv))
     moving = loc in (Local.LOADING, Local.WRITING) and (bool(s.gpu_indexes) or s.age_s >= th.startup_imports_s) \
         and t - (p.working_since or t) >= th.startup_work_s
     if working and (fresh and p.verdict.known or s.age_s >= th.startup_cpu_s or moving or dist_up):
@@ -319,6 +323,34 @@ def first_evidence(an: Analyzer, pid: int, jv: JobView) -> bool:
                                       or s.age_s >= th.startup_cpu_s + th.startup_quiet_s):
         return True
     return s.age_s >= th.startup_max_s
+
+
+def own_cpu_before_nccl(an: Analyzer, pid: int, jv: JobView) -> bool:
+    """A GPU rank whose process group is up (init is over), on the CPU for ``startup_work_s`` with
+    its GPU holding the same memory all that time and nothing more since the group came up: no NCCL
+    communicator exists yet (one brings hundreds of MB of buffers and kernels), so no collective
+    can hold it spinning, and what burns its CPU is its own code (building its model or its data,
+    the lazy imports of its first step)."""
+    th, t = an.th, jv.t
+    p, loc = an._track(pid), jv.readings[pid].local
+    if p.pg_up_mem is None or p.pg_mem_grew or p.gpu_mem_mark is None or p.working_since is None:
+        return False
+    held_since, held = p.gpu_mem_mark
+    return held > 0 and t - held_since >= th.startup_work_s and loc in (Local.CPU, Local.BUSY) \
+        and t - p.working_since >= th.startup_work_s
+
+
+def note_gpu_mem(an: Analyzer, pid: int, jv: JobView, pg_up: bool) -> None:
+    """The bookkeeping of ``own_cpu_before_nccl``: since when a GPU rank has held about the GPU
+    memory it holds, what it held when its process group came up, and whether it grew since."""
+    p, s, grew = an._track(pid), jv.sigs[pid], an.th.startup_gpu_mem_grew_bytes
+    if not s.gpu_indexes:
+        return
+    if p.gpu_mem_mark is None or abs(s.gpu_mem - p.gpu_mem_mark[1]) > grew:
+        p.gpu_mem_mark = (jv.t, s.gpu_mem)
+    if pg_up:
+        p.pg_up_mem = s.gpu_mem if p.pg_up_mem is None else p.pg_up_mem
+        p.pg_mem_grew = p.pg_mem_grew or s.gpu_mem > p.pg_up_mem + grew
 
 
 def name_workers(an: Analyzer, jv: JobView) -> None:

@@ -82,6 +82,9 @@ class Thresholds:
     startup_quiet_s: float = 10.0  # a process asleep this long after its setup is idle, not starting
     startup_quiet_cpu_cores: float = 0.05  # ... "asleep": below this much CPU
     started_gpu_mem_bytes: float = 1.5 * GiB  # more than a CUDA context: the job has set up
+    # GPU memory a rank gains past this after its process group came up is a communicator (NCCL's
+    # buffers and kernels: hundreds of MB) or its model, not its context's own churn
+    startup_gpu_mem_grew_bytes: float = 64 * MiB
     dwell_s: float = 2.0  # a new state must hold this long before it is reported
     # ... and "idle" longer: a rank that just went quiet is idle, or stuck in a wait its stack (taken
     # after stack_quiet_s) will show; say which once the stack is in

@@ -25,6 +25,9 @@ class ProcTrack:
     started: bool = False
     quiet_since: float | None = None  # asleep (for starting -> idle) since
     working_since: float | None = None  # on CPU, reading or writing (for starting -> working) since
+    gpu_mem_mark: tuple[float, int] | None = None  # its GPU memory, and since when it has held about that
+    pg_up_mem: int | None = None  # its GPU memory when its process group's threads were first seen ...
+    pg_mem_grew: bool = False  # ... and whether it grew since (a communicator, its model)
     verdict: stackcat.Verdict = stackcat.UNKNOWN
     verdict_t: float | None = None
     # the states decided since the reported one was last decided (flicker between others: see _set_state)
