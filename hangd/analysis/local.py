@@ -46,11 +46,16 @@ def classify(s: ProcSignals, ctx: Context, th: Thresholds) -> Reading:
     # a slow reader: bytes from the disk (read_bytes) in bursts with sleeps between, long past start-up;
     # reads only: a checkpoint writer's bytes go the other way
     slow_reading = (s.in_long_per_s or 0) >= th.load_read_per_s and s.in_counter == "read_bytes" and \
-        s.in_active_s >= th.io_sustained_s and (s.in_long_per_s or 0) >= th.moving_ratio * (s.out_long_per_s or 0) and \
+        s.in_active_s >= th.io_sustained_s and not reads_stopped(s, th) and \
+        (s.in_long_per_s or 0) >= th.moving_ratio * (s.out_long_per_s or 0) and \
         (filling or s.age_s >= th.startup_cpu_s or (s.cpu_cores or 0) < th.busy_cpu_cores)  # imports burn CPU
     # compiler processes write and read their files: bytes moving under a compiling rank are its compile
     compiling = v.kind in stackcat.COMPILE_KINDS or (s.compile_children > 0 and (s.cpu_cores or 0) >= th.compile_cpu_cores)
     moving_in, moving_out = moves(s, th, "in") and not compiling, moves(s, th, "out") and not compiling
+    if v.kind in WAIT_VERDICTS:
+        # a stack that still describes it (taken after its reads) shows it waiting: the reads over
+        # the I/O window are behind it
+        slow_reading = moving_in = False
     if not works and (reading or slow_reading or moving_in or v.kind == "loading" or ("loading" in s.log_kinds and s.d_fraction > 0)):
         if moving_in and not reading:
             why = f"reading {(s.in_long_per_s or 0) / 1e6:.0f} MB/s over the last {th.io_window_s:.0f} s ({s.in_counter})"
@@ -161,7 +166,16 @@ def moves(s: ProcSignals, th: Thresholds, direction: str) -> bool:
     rate = (s.in_long_per_s if direction == "in" else s.out_long_per_s) or 0
     other = (s.out_long_per_s if direction == "in" else s.in_long_per_s) or 0
     active = s.in_active_s if direction == "in" else s.out_active_s
-    return rate >= th.moving_bytes_per_s and active >= th.io_sustained_s and rate >= th.moving_ratio * other
+    return rate >= th.moving_bytes_per_s and active >= th.io_sustained_s and rate >= th.moving_ratio * other \
+        and not (direction == "in" and reads_stopped(s, th))
+
+
+def reads_stopped(s: ProcSignals, th: Thresholds) -> bool:
+    """The reads over the I/O window are over: no burst at the rate it read at for longer than
+    ``window_s`` and than its own pauses between bursts inside the window. A throttled reader's
+    sleeps do not end its loading; a rank that read its weights and now trains, or waits, has
+    stopped, though the window's mean still carries its bytes."""
+    return s.in_quiet_s is not None and s.in_quiet_s > max(th.window_s, s.in_pause_s)
 
 
 def describe_quiet(s: ProcSignals, v: stackcat.Verdict) -> str:

@@ -86,8 +86,10 @@ class ProgressBook:
         if io >= th.io_bytes_per_s:
             if p.io_since is None:
                 p.io_since = t
-            # a short burst (a dump being written) is not progress of a hung job; sustained I/O is
-            self.credit(pid, t, f"disk I/O {io / 1e6:.0f} MB/s", strong=t - p.io_since >= th.io_sustain_s)
+            # a short burst (a dump being written) is not progress of a hung job; sustained I/O is;
+            # credited when the bytes last moved (the rate is over the window before t)
+            at = t if s.io_last_at is None else min(t, s.io_last_at)
+            self.credit(pid, at, f"disk I/O {io / 1e6:.0f} MB/s", strong=t - p.io_since >= th.io_sustain_s)
         else:
             p.io_since = None
         if not blocked and (s.io_long_per_s or 0) >= th.io_bytes_per_s and s.io_active_s >= th.io_sustained_s \
@@ -103,7 +105,10 @@ class ProgressBook:
                 if local.moves(s, th, direction):
                     rate = s.in_long_per_s if direction == "in" else s.out_long_per_s
                     counter = s.in_counter if direction == "in" else s.out_counter
-                    self.credit(pid, t, f"it {verb} {(rate or 0) / 1e6:.0f} MB/s over the last {th.io_window_s:.0f} s "
+                    # reads are credited when bytes last came in at a loader's rate, not at every tick
+                    # of the window after them
+                    at = t - s.in_quiet_s if direction == "in" and s.in_quiet_s is not None else t
+                    self.credit(pid, at, f"it {verb} {(rate or 0) / 1e6:.0f} MB/s over the last {th.io_window_s:.0f} s "
                                 f"({counter})", strong=True)
         if s.log_grew_at is not None and t - s.log_grew_at <= th.window_s:
             self.credit(pid, s.log_grew_at, "it wrote to its log", strong=True)

@@ -127,6 +127,11 @@ class ProcSignals:
     out_active_s: int = 0
     in_counter: str = ""  # the counter that moved most ("rchar", "read_bytes")
     out_counter: str = ""
+    # reads in bursts: seconds since the in counter last moved as fast as its rate over io_window_s
+    # (and at least load_read_per_s) between two readings (None: not inside io_window_s), and the
+    # longest pause between two such bursts inside io_window_s: a throttled reader's own sleeps
+    in_quiet_s: float | None = None
+    in_pause_s: float = 0.0
     wakes_per_s: float | None = None  # main-thread voluntary context switches per second over wake_window_s
     threads_lost_at: float | None = None  # when its thread count last fell
     threads_before: int | None = None
@@ -323,17 +328,26 @@ def _directions(sig: ProcSignals, win: list[tuple[float, ProcSample]], th: Thres
             continue
         key = max(moved, key=lambda k: moved[k])
         secs = set()
-        newest = None
-        for (_, a), (t1, b) in zip(win, win[1:], strict=False):
+        newest = burst_at = None
+        pause = 0.0
+        # a burst: as fast as the window's own rate, and a loader's (the trickle after a load is not)
+        burst_rate = max(th.load_read_per_s, moved[key] / span)
+        for (t0, a), (t1, b) in zip(win, win[1:], strict=False):
             if a.io and b.io and key in a.io and key in b.io and b.io[key] - a.io[key] >= th.io_bytes_per_s / 4:
                 secs.add(int(t1))
                 newest = t1
+                if b.io[key] - a.io[key] >= burst_rate * (t1 - t0):
+                    if burst_at is not None:
+                        pause = max(pause, t0 - burst_at)
+                    burst_at = t1
         # bytes that stopped moving a window ago say nothing of now
         if newest is None or win[-1][0] - newest > th.window_s:
             secs = set()
         setattr(sig, f"{direction}_long_per_s", moved[key] / span)
         setattr(sig, f"{direction}_active_s", len(secs))
         setattr(sig, f"{direction}_counter", key)
+        if direction == "in":
+            sig.in_quiet_s, sig.in_pause_s = (None if burst_at is None else win[-1][0] - burst_at), pause
 
 
 def _long_signals(sig: ProcSignals, h: ProcHistory, th: Thresholds, t: float,

@@ -262,6 +262,16 @@ def test_a_slow_reader_s_bytes_count_once_it_read_in_two_distinct_seconds():
     assert MiB > 1_000_000
 
 
+def test_bytes_read_are_credited_when_they_last_moved_not_at_each_tick_after():
+    # rank 1 of matrix-cpu/mpargv-load_disk-thread_dies-sleep_loop at 11.06 s: its loader thread died
+    # and its last bytes came in at 9.55 s; the 2 s and 6 s rates still carry them. Its peer, waiting
+    # since 10.5 s, must not see it progress after its wait began.
+    b = _book()
+    b.observe(1, _sigs(read_per_s=55.4e6, io_long_per_s=266e6, io_active_s=5, io_last_at=9.55, in_long_per_s=248e6,
+                       in_active_s=5, in_counter="read_bytes", in_quiet_s=1.76), 11.06, None)
+    assert b.of(1).last == 9.55 and b.of(1).last_strong == 9.55
+
+
 def _compile_node(workers: list[tuple[int, int]]) -> Node:
     """A rank (pid 11) with compile workers below it: (pid, CPU ticks a second) each."""
     procs = [P(10, 1), P(11, 10, torchrun_env(0, 1), gpu=0)]

@@ -74,3 +74,45 @@ def test_cpu_use_counts_clock_ticks_at_the_rate_the_sample_carries():
     assert _cpu_cores(1000) == 0.5
     # a trace recorded before samples carried the rate was read at 100 a second
     assert _cpu_cores(None) == 5.0
+
+
+# rchar read in each 0.25 s between readings, in MB, over a 6 s window (tests/data/traces)
+SLOW_SHARDS = [34, 34, 0, 67, 42, 34, 0, 67, 34, 0, 59, 0, 67, 33, 34, 34, 34, 0, 67, 0, 67, 25, 0, 67, 33, 42]
+# h200x2-more/hf_slow_shards pid 877, 30.25-36.5 s: page-cache reads throttled to ~130 MB/s
+LOADED_THEN_TRAINS = [126, 143, 143, 134, 134, 134, 134, 126, 134, 126, 134, 134, 126, 126, 50, 0, 1, 1, 2, 1, 1, 1, 1, 1, 1]
+# matrix-gpu/mpargv-load_disk-none pid 710, 7.75-14 s: its shards, then 4 MB/s of small reads while it trains
+
+
+def _reader(mb_per_reading: list[int]):
+    from hangd.analysis.nodeview import NodeView
+    from hangd.analysis.signals import proc_signals
+    from hangd.analysis.thresholds import Thresholds
+
+    th = Thresholds()
+    view = NodeView(th)
+    total, t = 0, 0.0
+    for i, mb in enumerate([0, *mb_per_reading]):
+        total += mb * 10**6
+        t = i * 0.25
+        view.feed(Snapshot(t=t, procs=[ProcSample(pid=10, ppid=1, state="S", utime=0, stime=0, threads=1,
+                                                  io={"read_bytes": 0, "write_bytes": 0, "rchar": total, "wchar": 0})]))
+    return proc_signals(view, 10, t, th), th
+
+
+def test_a_throttled_reader_keeps_moving_through_its_sleeps():
+    from hangd.analysis import local
+
+    s, th = _reader(SLOW_SHARDS)
+    assert s.in_counter == "rchar" and s.in_quiet_s == 0.0
+    assert s.in_pause_s == 0.5  # its longest sleep between two bursts at its own rate
+    assert local.moves(s, th, "in")
+
+
+def test_reads_that_ended_longer_ago_than_the_readers_own_pauses_have_stopped():
+    from hangd.analysis import local
+
+    s, th = _reader(LOADED_THEN_TRAINS)
+    # the 6 s window still averages far above a loader's rate, but its last burst is 2.75 s old
+    assert (s.in_long_per_s or 0) > 250e6
+    assert s.in_quiet_s == 2.75 and s.in_pause_s == 0.0
+    assert not local.moves(s, th, "in")
