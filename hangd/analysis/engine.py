@@ -24,6 +24,7 @@ from hangd.analysis.detectors import Env, exits, hang, orphan, straggler
 from hangd.analysis.identity import Job, group_jobs
 from hangd.analysis.local import REQUEST_WCHANS, Context, classify
 from hangd.analysis.model import (
+    LOCAL_TO_STATE,
     SEVERITY_ORDER,
     STATES,
     Local,
@@ -386,6 +387,11 @@ class Analyzer:
         for pid in live:
             if jv.readings[pid].local == Local.ZOMBIE:
                 continue
+            loc = jv.readings[pid].local
+            read_as = LOCAL_TO_STATE.get(loc) if loc in (Local.LOADING, Local.WRITING) else None
+            p0 = self._track(pid)
+            if p0.read_as[0] != read_as:
+                p0.read_as = (read_as, t)
             ev = gather.evidence(self, pid, jv, facts, pid in orphans)
             d = rankstate.decide(ev)
             p = self._track(pid)
@@ -419,6 +425,9 @@ class Analyzer:
         if not immediate:
             if p.pending != state:
                 p.pending, p.pending_since = state, t
+                if p.state == State.STARTING and p.read_as[0] == state:
+                    # setting up ended on evidence it had shown a while: that evidence has held since
+                    p.pending_since = p.read_as[1]
             # idle waits longer (a rank just gone quiet may be in a wait its stack will show), unless
             # it waits for requests itself (accept, an event loop) or its job is an idle server (its
             # wait is known to be for one that does): that is what idle is

@@ -41,6 +41,10 @@ class ProcTrack:
     reading: Reading = Reading(Local.QUIET, "")
     other_end: otherend.OtherEnd | None = None  # what its descriptors say of its wait, at the last tick
     rule: str = ""  # the decision-table row that decided its state at the last tick
+    # the state its reading of bytes moving (loading, writing: judged over the I/O window already)
+    # has mapped to, and since when: a rank leaving "starting" on them has shown what it does for
+    # that long (see Analyzer._set_state)
+    read_as: tuple[State | None, float] = (None, 0.0)
     # the states it was shown in, newest last: (since, state, reason, the local reading it came on);
     # a first wait keeps the one it had when it last progressed (gather.shown_at_progress)
     shown: deque[tuple[float, State, str, Local]] = field(default_factory=lambda: deque(maxlen=8))

@@ -41,7 +41,7 @@ def test_a_loader_entering_a_wait_keeps_what_it_last_did(after_loading: str, sai
     r0.read_per_s = 0
     if after_loading == "spins":
         r0.state, r0.wchan, r0.cpu_ticks_per_s = "R", "0", 100
-        node.run(9)  # the reads leave the window; a core in use, nothing else: shown busy
+        node.run(5)  # the reads have stopped; a core in use, nothing else: shown busy
     else:
         r0.look = "work"
         node.run(9)
