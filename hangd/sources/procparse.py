@@ -13,16 +13,16 @@ PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def _read_bytes(path: str) -> bytes | None:
-    """One small /proc file, with plain os calls (the hot path: several files per process per tick)."""
+    """One /proc file, whole, with plain os calls (the hot path: several files per process per
+    tick). A short read is not the end: some kernels (sandboxed ones among them) hand a seq_file
+    such as ``maps`` or ``net/tcp`` out a page at a time, so the reads go on until one says "end"."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:  # vanished, denied, zombie: absent, not an error
         return None
     try:
         b = os.read(fd, 65536)
-        if len(b) < 4096:
-            # /proc fills a read up to the size asked for (seq_file, environ, cmdline): less than a
-            # page back is the whole file, and the second read that would only say "end" is saved
+        if not b:
             return b
         chunks = [b]
         while True:

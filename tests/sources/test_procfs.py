@@ -300,3 +300,33 @@ def test_the_parent_of_ranks_1_to_n_is_rank_0():
         assert set(roles.values()) == {"worker"} and len(roles) == 3, roles
     finally:
         _kill_tree(launcher)
+
+
+def test_a_file_handed_out_a_page_at_a_time_is_read_whole(tmp_path):
+    """Some kernels (a sandboxed GPU host's among them) give /proc/PID/maps out about a page per
+    read: a short read is not the end of the file. Seen: 3958 bytes of a CUDA torch rank's 51 KB
+    maps, with no libtorch in them, so its spawned ranks went unrecognized until they held GPU
+    memory. A FIFO written in two parts stands in for such a file."""
+    import os
+    import threading
+    import time
+
+    from hangd.sources.procparse import _read_bytes
+
+    path = str(tmp_path / "maps")
+    os.mkfifo(path)
+    first = b"7f00-7f01 r-xp 0 fd:01 1 /usr/lib/libc.so.6\n" * 80  # < a page
+    second = b"7f02-7f03 r-xp 0 fd:01 2 /opt/venv/torch/lib/libtorch_cpu.so\n"
+
+    def write() -> None:
+        with open(path, "wb", buffering=0) as f:
+            f.write(first)
+            time.sleep(0.2)
+            f.write(second)
+
+    w = threading.Thread(target=write)
+    w.start()
+    got = _read_bytes(path)
+    w.join()
+    assert got == first + second
+    assert b"libtorch" in got
