@@ -14,7 +14,8 @@ if TYPE_CHECKING:
 
 def ask_for_evidence(an: Analyzer, jv: JobView) -> None:
     """Stacks of a job quiet for a while (again after a pause, and natively once hung), flight
-    recorder dumps and RAS of a hung one, and one stack of a rank working on the CPU unexplained."""
+    recorder dumps and RAS of a hung one, and one stack of a rank working on the CPU unexplained
+    (``unexplained_cpu``)."""
     th = an.th
     tr, live, t = jv.track, jv.live, jv.t
     if not live:
@@ -29,7 +30,7 @@ def ask_for_evidence(an: Analyzer, jv: JobView) -> None:
             tp.cpu_stacks_unnamed = 0
         every = min(th.cpu_stack_every_s, th.stack_repeat_s * 2 ** tp.cpu_stacks_unnamed) \
             if tp.verdict_t is not None and not tp.verdict.known else th.cpu_stack_every_s
-        if jv.readings[p].local == Local.CPU and (tp.verdict_t is None or t - tp.verdict_t >= every) \
+        if unexplained_cpu(an, jv, p) and (tp.verdict_t is None or t - tp.verdict_t >= every) \
                 and (tp.cpu_stack_asked is None or t - tp.cpu_stack_asked >= every):
             tp.cpu_stack_asked = t
             tp.cpu_stacks_unnamed += not tp.verdict.known and tp.verdict_t is not None
@@ -52,3 +53,12 @@ def ask_for_evidence(an: Analyzer, jv: JobView) -> None:
         if tr.fr_asked is None or t - tr.fr_asked > th.fr_rerequest_s:
             tr.fr_asked = t
             an.requests.fr_dumps.extend(live)
+
+
+def unexplained_cpu(an: Analyzer, jv: JobView, pid: int) -> bool:
+    """On the CPU with nothing but its CPU and a trickle of bytes or a log line to show for it: a
+    core in use (``Local.CPU``), or read busy on the CPU alone with no GPU work of its own (a gloo
+    rank, a rank tracing with torch.compile before any compiler runs)."""
+    loc, s = jv.readings[pid].local, jv.sigs[pid]
+    return loc == Local.CPU or (loc == Local.BUSY and not s.gpu.any_work()
+                                and (s.cpu_cores or 0) >= an.th.cpu_active_cores)

@@ -156,8 +156,9 @@ def test_a_set_up_rank_in_torch_compile_is_compiling_not_starting():
 def test_a_stack_that_named_nothing_is_taken_again_once_the_rank_works_on():
     """Recorded parent-compile-none: both ranks were caught in their start-up imports (a stack that names
     nothing), then traced with torch.compile on the CPU for 20 s. The analysis asks for their stacks
-    again a few seconds later, not 30 s after the start-up one (the recording, made without it, has
-    no stack of them from 4 s to 10 s and shows them busy)."""
+    again a few seconds later, not 30 s after the start-up one, whether they read as a core in use or
+    as busy on the CPU alone (moving a trickle of bytes): the recording, made when only the first was
+    asked, has no stack of rank 0 from 1.3 s to the periodic one at 10.5 s, and shows it busy."""
     d = DATA / "traces" / "matrix-cpu" / "parent-compile-none"
     asked: dict[int, list[float]] = {}
 
