@@ -54,7 +54,9 @@ HANG_KINDS = ("host_stall", "nccl_stall", "io_stall")
 # what a torchrun rank's environment holds; the test's own environment must not leak it into jobs
 DIST_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "MASTER_ADDR",
             "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT")
-READY = re.compile(r"\b(?:rank|worker) (\d+) pid (\d+) ready")
+# no word boundary before "rank": two ranks writing the shared log at once may run their lines together
+# ("rank 0 pid 29046 readyrank 1 pid 29047 ready")
+READY = re.compile(r"(?:rank|worker) (\d+) pid (\d+) ready")
 DETECT_S = 45.0  # a hang must open its incident within this long (thresholds are 10-12 s)
 QUIET_S = 40.0  # how long the benign workloads run under watch
 TIMINGS: dict[str, float] = {}
