@@ -136,7 +136,7 @@ class ProcSource:
             self._forget(gone)
         now = time.monotonic()
         for pid in pids - set(self._known):
-            st = parse_stat(_read_bytes(self._p(pid, "stat")) or b"")
+            st = parse_stat(_read_bytes(self._p(pid, "stat"), small=True) or b"")
             if st is None:
                 continue
             k = _Known(ppid=int(st["ppid"]), comm=str(st["comm"]), start_ticks=int(st["starttime_ticks"]),  # type: ignore[call-overload]
@@ -270,7 +270,7 @@ class ProcSource:
     def read_sample(self, pid: int, role: str | None = None) -> ProcSample | None:
         """One reading of ``pid``; ``role`` (as ``_role`` names it) decides how often the files
         that did not move are read again: see below."""
-        raw = _read_bytes(self._p(pid, "stat"))
+        raw = _read_bytes(self._p(pid, "stat"), small=True)
         f = _stat_fields(raw) if raw is not None else None
         if f is None:
             return None
@@ -312,7 +312,7 @@ class ProcSource:
                 s.io = old.io
                 return s
             self._read_status(pid, s)
-            io = _read_bytes(self._p(pid, "io"))
+            io = _read_bytes(self._p(pid, "io"), small=True)
             s.io = self._io(pid, io, old) if io else old.io
             self._last[pid] = (key, prev[1], s, now)
             return s
@@ -329,7 +329,7 @@ class ProcSource:
         return _parse_io(raw)
 
     def _read_status(self, pid: int, s: ProcSample) -> None:
-        raw = _read_bytes(self._p(pid, "status"))
+        raw = _read_bytes(self._p(pid, "status"), small=True)
         if raw:
             s.voluntary_ctxt_switches = _status_field(raw, b"\nvoluntary_ctxt_switches:")
             s.nonvoluntary_ctxt_switches = _status_field(raw, b"\nnonvoluntary_ctxt_switches:")
@@ -339,7 +339,7 @@ class ProcSource:
 
     def _read_details(self, pid: int, s: ProcSample, old: ProcSample | None = None) -> None:
         self._read_status(pid, s)
-        io = _read_bytes(self._p(pid, "io"))
+        io = _read_bytes(self._p(pid, "io"), small=True)
         if io:
             s.io = self._io(pid, io, old)
         wchan = _read(self._p(pid, "wchan"))
@@ -377,7 +377,7 @@ class ProcSource:
         return counts or None
 
     def read_info(self, pid: int) -> ProcInfo | None:
-        st = parse_stat(_read_bytes(self._p(pid, "stat")) or b"")
+        st = parse_stat(_read_bytes(self._p(pid, "stat"), small=True) or b"")
         if st is None:
             return None
         info = ProcInfo(pid=pid, ppid=int(st["ppid"]))  # type: ignore[call-overload]
@@ -403,7 +403,7 @@ class ProcSource:
             except OSError:
                 fds[fd] = None
         info.fds = fds
-        status = _read_bytes(self._p(pid, "status"))
+        status = _read_bytes(self._p(pid, "status"), small=True)
         if status:
             info.uid = status_uid(status)
             info.user = user_name(info.uid) if info.uid is not None else None

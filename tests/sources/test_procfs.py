@@ -302,21 +302,11 @@ def test_the_parent_of_ranks_1_to_n_is_rank_0():
         _kill_tree(launcher)
 
 
-def test_a_file_handed_out_a_page_at_a_time_is_read_whole(tmp_path):
-    """Some kernels (a sandboxed GPU host's among them) give /proc/PID/maps out about a page per
-    read: a short read is not the end of the file. Seen: 3958 bytes of a CUDA torch rank's 51 KB
-    maps, with no libtorch in them, so its spawned ranks went unrecognized until they held GPU
-    memory. A FIFO written in two parts stands in for such a file."""
-    import os
+def _write_in_two_parts(path: str, first: bytes, second: bytes):
+    """A thread that writes the FIFO ``path`` in two parts 0.2 s apart: a reader's first read gets
+    only the first part, as from a kernel that hands a /proc file out a piece at a time."""
     import threading
     import time
-
-    from hangd.sources.procparse import _read_bytes
-
-    path = str(tmp_path / "maps")
-    os.mkfifo(path)
-    first = b"7f00-7f01 r-xp 0 fd:01 1 /usr/lib/libc.so.6\n" * 80  # < a page
-    second = b"7f02-7f03 r-xp 0 fd:01 2 /opt/venv/torch/lib/libtorch_cpu.so\n"
 
     def write() -> None:
         with open(path, "wb", buffering=0) as f:
@@ -326,7 +316,46 @@ def test_a_file_handed_out_a_page_at_a_time_is_read_whole(tmp_path):
 
     w = threading.Thread(target=write)
     w.start()
+    return w
+
+
+def test_a_file_handed_out_a_page_at_a_time_is_read_whole(tmp_path):
+    """Some kernels (a sandboxed GPU host's among them) give /proc/PID/maps out about a page per
+    read: a short read is not the end of the file. Seen: 3958 bytes of a CUDA torch rank's 51 KB
+    maps, with no libtorch in them, so its spawned ranks went unrecognized until they held GPU
+    memory. A FIFO written in two parts stands in for such a file."""
+    import os
+
+    from hangd.sources.procparse import _read_bytes
+
+    path = str(tmp_path / "maps")
+    os.mkfifo(path)
+    first = b"7f00-7f01 r-xp 0 fd:01 1 /usr/lib/libc.so.6\n" * 80  # < a page
+    second = b"7f02-7f03 r-xp 0 fd:01 2 /opt/venv/torch/lib/libtorch_cpu.so\n"
+
+    w = _write_in_two_parts(path, first, second)
     got = _read_bytes(path)
     w.join()
     assert got == first + second
     assert b"libtorch" in got
+
+
+def test_a_small_file_read_in_one_go_is_still_read_whole_when_it_comes_a_page_at_a_time(tmp_path):
+    """stat, status and io are read with one read when it returns less than a page; a read of a
+    full page is not taken for the whole file, so a kernel that hands even these out a page at a
+    time loses nothing."""
+    import os
+
+    from hangd.sources.procparse import _read_bytes
+
+    for name in ("stat", "status", "io"):
+        assert _read_bytes(f"/proc/self/{name}", small=True).split(b"\n")[0].split()[:1] == \
+            _read_bytes(f"/proc/self/{name}").split(b"\n")[0].split()[:1]
+    path = str(tmp_path / "status")
+    os.mkfifo(path)
+    first, second = b"x" * 4096, b"VmRSS:\t  1024 kB\n"
+
+    w = _write_in_two_parts(path, first, second)
+    got = _read_bytes(path, small=True)
+    w.join()
+    assert got == first + second
