@@ -58,6 +58,9 @@ class Culprit:
     strength: Strength
     source: str
     remote: list[RemoteRank] = field(default_factory=list)  # ranks on other nodes, as their node reports them
+    # taken for the culprit because the ranks' collectives diverged (every rank waits, at two call
+    # sites): a likely culprit, not one the others are seen to wait for
+    diverged: bool = False
 
 
 @dataclass

@@ -84,9 +84,11 @@ class Node:
         self.logs[path] = self.logs.get(path, 0) + len(text)
         self._tails[path] = (self._tails.get(path, "") + text)[-4096:]
 
-    def stack(self, pid: int, frames: list[tuple[str, str]], threads: list[str] | None = None) -> None:
+    def stack(self, pid: int, frames: list[tuple[str, str]] | list[tuple[str, str, int]],
+              threads: list[str] | None = None) -> None:
+        """The main thread's frames, innermost first: (file, function) at line 1, or (file, function, line)."""
         ths = [ThreadStack(tid=pid, name="MainThread", active=False, owns_gil=False,
-                           frames=[Frame(name=n, filename=f, line=1) for f, n in frames])]
+                           frames=[Frame(name=f[1], filename=f[0], line=f[2] if len(f) > 2 else 1) for f in frames])]
         for i, name in enumerate(threads or []):
             ths.append(ThreadStack(tid=pid + 1 + i, name=name, active=False, owns_gil=False,
                                    frames=[Frame(name="wait", filename="threading.py", line=1)]))

@@ -249,6 +249,59 @@ def test_ranks_waiting_in_different_collectives_are_said_to_have_diverged_withou
             assert inc.culprit_ranks == [] and "barrier called from train.py" in inc.summary
 
 
+def _diverged(stacks_by_pid: dict[int, list[tuple[str, str, int]]], world: int = 2):
+    """The hang incident of ``world`` ranks (pids 11...) all waiting, each at the stack given."""
+    ranks = [P(11 + r, 10, torchrun_env(r, world), gpu=r, log=f"/job/log{r}") for r in range(world)]
+    node = Node([P(10, 1), *ranks])
+    node.run(5)
+    for pid, frames in stacks_by_pid.items():
+        node.stack(pid, frames)
+    node.run(20)
+    (inc,) = node.an.incidents()
+    return inc
+
+
+AR = ("torch/distributed/distributed_c10d.py", "all_reduce", 2950)
+BAR = ("torch/distributed/distributed_c10d.py", "barrier", 5356)
+BWD = ("torch/autograd/graph.py", "_engine_run_backward", 979)
+
+
+def test_of_two_ranks_in_different_collectives_the_one_further_along_is_the_likely_culprit():
+    # uneven inputs: the rank with fewer batches leaves the loop and waits at the barrier after it
+    # while its peer waits in the step's all_reduce. Which rank is ahead, how it got there (the
+    # same caller or another one, the caller's next line) and the collectives vary
+    loop = [("train.py", "train", 40), ("train.py", "main", 90), ("train.py", "<module>", 99)]
+    after = [("train.py", "train", 52), ("train.py", "main", 90), ("train.py", "<module>", 99)]
+    other_caller = [("train.py", "train", 52), ("launch.py", "run_rank", 7), ("launch.py", "<module>", 30)]
+    returned = [("train.py", "main", 91), ("train.py", "<module>", 99)]  # train() returned; the next line
+    for behind, ahead, culprit in (([BWD, *loop], [BAR, *after], 1), ([BAR, *after], [BWD, *loop], 0),
+                                   ([AR, *loop], [BAR, *other_caller], 1), ([AR, *loop], [AR, *returned], 1)):
+        inc = _diverged({11: behind, 12: ahead})
+        assert inc.culprit_ranks == [culprit], inc.summary
+        assert "likely culprit" in inc.summary and "diverged" in inc.summary and "skipped" in inc.summary, inc.summary
+        assert "Join" in inc.next_step and "TORCH_DISTRIBUTED_DEBUG" in inc.next_step, inc.next_step
+
+
+def test_of_more_ranks_at_two_collectives_the_fewer_are_the_odd_ones_out():
+    # one of three made a collective the others do not, or skipped theirs: its line does not matter
+    loop = [("train.py", "train", 40), ("train.py", "<module>", 99)]
+    odd = [("train.py", "train", 30), ("train.py", "<module>", 99)]
+    for odd_pid in (11, 12, 13):
+        inc = _diverged({p: [BAR, *odd] if p == odd_pid else [AR, *loop] for p in (11, 12, 13)}, world=3)
+        assert inc.culprit_ranks == [odd_pid - 11], inc.summary
+        assert "odd one out" in inc.summary and "2 ranks wait in all_reduce" in inc.summary, inc.summary
+
+
+def test_ranks_at_one_line_in_different_collectives_or_at_three_sites_blame_none():
+    # the same statement calling two collectives, or three sites among three ranks: nothing says who
+    same_line = [("train.py", "train", 40), ("train.py", "<module>", 99)]
+    inc = _diverged({11: [AR, *same_line], 12: [BAR, *same_line]})
+    assert inc.culprit_ranks == [] and "different collectives" in inc.summary, inc.summary
+    bc = ("torch/distributed/distributed_c10d.py", "broadcast", 2700)
+    inc = _diverged({11: [AR, *same_line], 12: [BAR, ("train.py", "train", 50)], 13: [bc, ("train.py", "train", 60)]}, world=3)
+    assert inc.culprit_ranks == [] and "different collectives" in inc.summary, inc.summary
+
+
 def test_a_lone_stopped_process_is_no_hang():
     # a world of one has no peer waiting for it: stopped (Ctrl-Z) it is hung itself, but no job hangs on it
     node = Node([P(10, 1), P(11, 10, torchrun_env(0, 1), gpu=0, state="T", wchan="do_signal_stop")])

@@ -109,6 +109,13 @@ def step(env: Env, jv: JobView, blocked_by_exit: bool) -> None:
         fill(env, jv, inc)
 
 
+# What to do when the ranks' collectives diverged (said after the kind's own next step).
+DIVERGED_HINT = ("The ranks make different collectives: every rank must make the same ones in the same order. "
+                 "Look for a step one rank skips (uneven data across ranks, a batch skipped on an error, a "
+                 "branch on the rank); torch.distributed.algorithms.Join handles uneven inputs, and "
+                 "TORCH_DISTRIBUTED_DEBUG=DETAIL reports mismatched collectives as they happen.")
+
+
 def _culprit(env: Env, jv: JobView) -> Culprit | None:
     """The strongest evidence this tick of who the others wait for."""
     job, tr = jv.job, jv.track
@@ -145,15 +152,62 @@ def _culprit(env: Env, jv: JobView) -> Culprit | None:
             sites = {p: site for p in waiting if (site := _collective_site(env, p)) is not None}
             if len(sites) == len(waiting) and len(set(sites.values())) > 1:
                 where = "; ".join(f"rank {job.ranks[p]} in {sites[p]}" for p in jv.by_rank(waiting))
-                return Culprit([], Strength.INFERRED,
-                               f"every rank waits, in different collectives ({where}): their collective "
-                               "sequences diverged, a rank skipped a collective or made one the others do not")
+                said = f"every rank waits, in different collectives ({where}): their collective sequences diverged"
+                odd = _odd_ones(env, jv, sites)
+                if odd is not None:
+                    return Culprit(jv.by_rank(odd[0]), Strength.INFERRED, f"{said}; {odd[1]}", diverged=True)
+                return Culprit([], Strength.INFERRED, f"{said}, a rank skipped a collective or made one the others do not")
         # every rank here waits: for a rank on another node that its node reports outside a collective
         away = [r for r in jv.remote_fresh if r.waits is False]
         if away:
             return Culprit([], Strength.INFERRED, "its peers wait for it in a collective; its node reports it outside one",
                            remote=sorted(away, key=lambda r: (r.rank if r.rank is not None else 1 << 30, r.node)))
     return None
+
+
+def _odd_ones(env: Env, jv: JobView, sites: dict[int, str]) -> tuple[list[int], str] | None:
+    """Of ranks waiting at two collective call sites, the ones that diverged, and why they are
+    taken for it; None when the stacks cannot tell.
+
+    - The fewer: ranks at one site while more wait at the other are the odd ones out (they skipped
+      the others' collective, or make one the others do not).
+    - As many at each: the ones further along the code both stacks run, at a later line of the
+      first frame where the two differ (the loop's code against the barrier after it, or the
+      caller's next line). With collectives paired in order, a rank that skipped one runs out of
+      them first and waits further on, at the next collective past the loop: uneven inputs, a
+      batch skipped on one rank. A rank that makes an extra collective looks the same from the
+      other side, so the summary says both."""
+    groups: dict[str, list[int]] = {}
+    for p, site in sites.items():
+        groups.setdefault(site, []).append(p)
+    if len(groups) != 2:
+        return None
+    a, b = sorted(groups.values(), key=len)
+    if len(a) < len(b):
+        return a, (f"rank{'s' if len(a) > 1 else ''} {', '.join(str(jv.job.ranks[p]) for p in jv.by_rank(a))} "
+                   f"{'are' if len(a) > 1 else 'is'} the odd one{'s' if len(a) > 1 else ''} out: "
+                   f"{len(b)} ranks wait in {sites[b[0]]}")
+    # the innermost function both stacks are in (the same function may be reached by different callers)
+    fa, fb = (_lines(env.tracks[g[0]].stack_sig) for g in (a, b))
+    common = next((k for k in fa if k in fb), None)
+    if common is None or fa[common] == fb[common]:
+        return None
+    ahead, la, lb = (a, fa[common], fb[common]) if fa[common] > fb[common] else (b, fb[common], fa[common])
+    ranks = ", ".join(str(jv.job.ranks[p]) for p in jv.by_rank(ahead))
+    return ahead, (f"rank{'s' if len(ahead) > 1 else ''} {ranks} went further in {common.rsplit('/', 1)[-1]} "
+                   f"(line {la}, the others at line {lb}): past a collective the others wait in, it skipped one "
+                   "(uneven inputs, a batch skipped) or the others make one it does not")
+
+
+def _lines(sig: tuple[str, ...]) -> dict[str, int]:
+    """A stack signature's functions outside torch (the collective's own frames are where both
+    wait, not where they went), innermost first, each with its innermost line."""
+    out: dict[str, int] = {}
+    for key in sig:
+        fn, _, line = key.rpartition(":")
+        if line.isdigit() and fn not in out and not _in_torch(fn):
+            out[fn] = int(line)
+    return out
 
 
 def _collective_site(env: Env, pid: int) -> str | None:
@@ -166,10 +220,14 @@ def _collective_site(env: Env, pid: int) -> str | None:
     frames = list(tp.stack_sig)  # innermost first, "file:name:line"
     for i, key in enumerate(frames):
         if "torch/distributed/distributed_c10d.py:" in key or "torch/autograd/" in key:
-            caller = next((f for f in frames[i + 1:] if not (f.startswith("torch/") or "/torch/" in f)), "")
+            caller = next((f for f in frames[i + 1:] if not _in_torch(f)), "")
             name = key.split(":")[1]
             return f"{name} called from {caller.rsplit('/', 1)[-1]}" if caller else name
     return None
+
+
+def _in_torch(frame_key: str) -> bool:
+    return frame_key.startswith("torch/") or "/torch/" in frame_key
 
 
 def _stack_in_collective(env: Env, pid: int) -> bool:
@@ -242,7 +300,10 @@ def fill(env: Env, jv: JobView, inc: object) -> None:
     if culprits or remote_culprits:
         who = ", ".join([*(f"rank {job.ranks[p]}{here} (pid {p})" for p in culprits), *map(_remote_name, remote_culprits)])
         one = len(culprits) + len(remote_culprits) == 1
-        parts.append(f"{who} {'is' if one else 'are'} not in the collective {'its' if one else 'their'} peers wait in: "
+        diverged = tr.culprit is not None and tr.culprit.diverged
+        parts.append(f"{who} {'is' if one else 'are'} "
+                     + (f"the likely culprit{'' if one else 's'}, where the ranks' collectives diverged: " if diverged else
+                        f"not in the collective {'its' if one else 'their'} peers wait in: ")
                      + "; ".join([*(f"rank {job.ranks[p]}: {readings[p].why}" if p in readings
                                     else f"rank {job.ranks[p]}: exited at {report.clock(tr.exited[p])}"
                                     for p in culprits if p in readings or p in tr.exited),
@@ -254,8 +315,8 @@ def fill(env: Env, jv: JobView, inc: object) -> None:
                                for p in waiters if p in readings))
     if not culprits and not remote_culprits and not waiters:
         parts.append(f"no rank has progressed for {jv.quiet:.0f} s")
-    if tr.culprit is not None and not tr.culprit.pids and not tr.culprit.remote:
-        parts.append(tr.culprit.source)  # what the evidence says when it names no rank (diverged collectives)
+    if tr.culprit is not None and (tr.culprit.diverged or not tr.culprit.pids and not tr.culprit.remote):
+        parts.append(tr.culprit.source)  # what the evidence says of diverged collectives, a rank blamed or none
     for p in culprits:
         st = report.stack_brief(env.view, env.tracks.get(p), p)
         if st and st["frames"]:
@@ -286,6 +347,8 @@ def fill(env: Env, jv: JobView, inc: object) -> None:
         inc.evidence["culprit_from"] = tr.culprit.source
     inc.findings = [f.to_dict() for f in tr.findings]
     inc.evidence["flight_recorder"] = inc.findings
-    base = inc.next_step.split(" Flight recording is off")[0]
+    base = inc.next_step.split(" Flight recording is off")[0].split(" " + DIVERGED_HINT)[0]
+    if tr.culprit is not None and (tr.culprit.diverged or "diverged" in tr.culprit.source):
+        base += " " + DIVERGED_HINT
     inc.next_step = base + (" " + report.FR_HINT if not tr.fr and report.flight_recording_off(env.view, job) else "")
     env.book.touch(inc, jv.t, f"culprit ranks {inc.culprit_ranks}" if inc.culprit_ranks else None)
