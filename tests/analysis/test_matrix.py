@@ -95,3 +95,43 @@ def test_expect_problems_finds_each_mistake() -> None:
     assert expect_problems(ok, [], HANG_KINDS) == []
     assert expect_problems(ok, [{"kind": "host_stall"}], HANG_KINDS) == ["false hang incident ['host_stall']"]
     assert expect_problems(ok, [{"kind": "straggler"}], HANG_KINDS) == ["opened straggler"]
+    # no hang, but an incident of another kind expected (a collective mismatch the flight recorder
+    # caught before anything hung): it is the incident wanted, not a false hang
+    other = {"hang": False, "incident_kind": "collective_mismatch", "culprit_rank": 1, "fr_seq_in_incident": "398"}
+    mismatch = {"kind": "collective_mismatch", "culprit_ranks": [1], "summary": "seq 398: all_reduce against broadcast"}
+    assert expect_problems(other, [mismatch], HANG_KINDS) == []
+    assert expect_problems(other, [], HANG_KINDS) == ["no collective_mismatch incident (got [])"]
+    assert expect_problems(other, [{**mismatch, "summary": "seq 397"}], HANG_KINDS) == ["flight-recorder seq 398 not cited"]
+    assert expect_problems(other, [mismatch, {"kind": "nccl_stall"}], HANG_KINDS) == ["false hang incident ['nccl_stall']"]
+
+
+def test_neutral_paths_keep_the_log_sizes_the_trace_recorded_at_the_same_lines(tmp_path: Path) -> None:
+    """A host path in a job's log made shorter or longer by the recorder's neutral one: each size the
+    trace recorded of the log still ends at the line it ended at, the last one included (else a
+    replay never reads a rank's last words: the exception a hang must quote)."""
+    import gzip
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("matrix_script", Path(__file__).parents[2] / "scripts" / "matrix.py")
+    assert spec is not None and spec.loader is not None
+    matrix = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(matrix)
+    for host in ("/h", "/home/someone/checkouts/this-project"):  # shorter than /opt/job, and longer
+        d = tmp_path / host.replace("/", "_")
+        (d / "files").mkdir(parents=True)
+        lines = [f"[rank0] step {i}\n" for i in range(3)] + [
+            f'  File "{host}/tests/workloads/matrix_job.py", line 174, in work\n',
+            "RuntimeError: mat1 and mat2 shapes cannot be multiplied (4x2048 and 4096x16)\n"]
+        log = "".join(lines).encode()
+        (d / "files" / "log_0_launcher.log").write_bytes(log)
+        (d / "meta.json").write_text(json.dumps({"log_files": {f"{host}/job/launcher.log": "files/log_0_launcher.log"}}))
+        cuts = [len("".join(lines[:n]).encode()) for n in range(1, len(lines) + 1)]
+        with gzip.open(d / "trace.jsonl.gz", "wt") as f:
+            for i, size in enumerate(cuts):
+                f.write(json.dumps({"t": float(i), "kind": "file", "path": f"{host}/job/launcher.log", "size": size}) + "\n")
+        matrix.neutralize_cell(d, [(host, "/opt/job")])
+        neutral = (d / "files" / "log_0_launcher.log").read_bytes()
+        with gzip.open(d / "trace.jsonl.gz", "rt") as f:
+            sizes = [json.loads(x)["size"] for x in f]
+        assert [neutral[:s].decode().splitlines()[-1] for s in sizes] == [x.rstrip("\n").replace(host, "/opt/job") for x in lines]
+        assert sizes[-1] == len(neutral) and b"/opt/job/tests" in neutral
