@@ -338,18 +338,38 @@ def host_paths(job: Path | None = None) -> list[tuple[str, str]]:
     return sorted(subs, key=lambda x: -len(x[0]))
 
 
+def _replace_all(text: str, subs: list[tuple[str, str]]) -> str:
+    for a, r in subs:
+        text = text.replace(a, r)
+    return text
+
+
 def neutralize_cell(d: Path, subs: list[tuple[str, str]]) -> None:
-    """neutralize() over a finished cell, its gzipped trace too."""
+    """neutralize() over a finished cell, its gzipped trace too. A path in a job's log changes the
+    log's length, so the sizes the trace recorded of it (the replay reads the log up to each) are
+    mapped to the same place in the neutral log: else a replay reads a line early, or never reads
+    the last one (the exception a hang must quote)."""
     gz = d / "trace.jsonl.gz"
     if gz.exists():
         with gzip.open(gz, "rt") as f:
-            text = f.read()
-        new = text
-        for a, r in subs:
-            new = new.replace(a, r)
-        if new != text:
-            with gzip.open(gz, "wt", compresslevel=9) as f:
-                f.write(new)
+            lines = f.read().splitlines()
+        meta = json.loads((d / "meta.json").read_text()) if (d / "meta.json").exists() else {}
+        logs: dict[str, bytes | None] = {}
+        out = []
+        for line in lines:
+            ev = json.loads(line)
+            if ev.get("kind") == "file" and isinstance(ev.get("size"), int):
+                path = ev["path"]
+                if path not in logs:
+                    rel = (meta.get("log_files") or {}).get(path)
+                    logs[path] = (d / rel).read_bytes() if rel and (d / rel).is_file() else None
+                raw = logs[path]
+                if raw is not None:
+                    ev["size"] = len(_replace_all(raw[:ev["size"]].decode("utf-8", "replace"), subs).encode())
+                    line = json.dumps(ev)
+            out.append(_replace_all(line, subs))
+        with gzip.open(gz, "wt", compresslevel=9) as f:
+            f.write("\n".join(out) + "\n")
     neutralize(d, subs)
 
 
