@@ -129,7 +129,8 @@ def evidence(an: Analyzer, pid: int, jv: JobView, facts: dict[str, Any], orphane
         idle_server=facts["idle"] and not worker_stuck, idle_why=facts["idle_why"],
         # a wait on its own workers that do not move keeps what it did before, as a first wait for a
         # peer does, until the job is judged hung or the wait outlasts the hang threshold twice
-        hold=(facts["hold"] or (worker_stuck and jv.quiet < 2 * an.th.hang_host_s)) and not compile_over(held[0], loc),
+        hold=(facts["hold"] or (worker_stuck and jv.quiet < 2 * an.th.hang_host_s)) and not compile_over(held[0], loc)
+        and not waits_for_the_gone(jv, loc),
         peers_wait_for_it=peers_wait, it_waits_for=it_waits_for)
 
 def shown_at_progress(an: Analyzer, pid: int, t: float) -> tuple[State | None, str]:
@@ -151,6 +152,13 @@ def shown_at_progress(an: Analyzer, pid: int, t: float) -> tuple[State | None, s
             return state, reason
         break
     return p.state, p.reason
+
+
+def waits_for_the_gone(jv: JobView, loc: Local) -> bool:
+    """A wait in a collective or the store, shown by its stack or descriptors, in a job a rank of
+    which has exited: no blip of a step that the next moment ends (the rank it pairs with is
+    gone), so it is not held."""
+    return loc == Local.WAITING and bool(jv.track.exited)
 
 
 def compile_over(previous: State | None, loc: Local) -> bool:

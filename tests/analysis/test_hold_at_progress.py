@@ -84,3 +84,25 @@ def test_the_state_a_hold_keeps(shown, last, kept):
     state, why = shown_at_progress(an, 7, 20.0)
     assert state == kept
     assert why.startswith(f"{kept} then")
+
+
+@pytest.mark.parametrize("stack", [BARRIER, [("torch/distributed/distributed_c10d.py", "_new_process_group_helper"),
+                                            ("load.py", "main")]], ids=["barrier", "store"])
+@pytest.mark.parametrize("peer_exits", [True, False], ids=["peer_exited", "peer_alive"])
+def test_a_wait_for_a_rank_that_exited_is_not_held(stack, peer_exits: bool):
+    # two loaders done reading: rank 0 waits in a barrier (or a new group's store handshake), its
+    # peer exits early. The rank it pairs with is gone, so the wait is no blip of a step: shown as
+    # waiting once its stack shows the wait, not kept `loading` until the hang. With the peer alive
+    # (blocked on an event), the first wait keeps `loading`, as before
+    node, r0, r1 = _loaders()
+    r0.read_per_s, r0.cpu_ticks_per_s, r0.wchan = 0, 0, "poll_schedule_timeout"
+    r1.read_per_s, r1.cpu_ticks_per_s, r1.wchan = 0, 0, "futex_do_wait"
+    node.run(2)
+    if peer_exits:
+        node.kill(12)
+    else:
+        node.stack(12, EVENT)
+    node.run(2)
+    node.stack(11, stack)
+    node.run(3)  # the dwell
+    assert node.state(11) == ("waiting_peer" if peer_exits else "loading")
