@@ -306,6 +306,10 @@ class Analyzer:
                 # a compile ends without a stack saying so: once nothing shows it going on (see
                 # local.compile_goes_on) the stack of the compile no longer describes it
                 fresh = t - p.verdict_t <= th.window_s or local.compile_goes_on(s, th)
+            if fresh and p.verdict.kind == "computing":
+                # a forward pass or a step goes on while its CPU or its GPU works: asleep with both
+                # still, the rank has moved on (into a wait no capture has shown yet)
+                fresh = local.computing_goes_on(s, th)
         else:
             fresh = p.verdict_t is not None and t - p.verdict_t <= th.verdict_fresh_s and \
                 (pr.last_strong is None or pr.last_strong <= p.verdict_t + th.window_s) and \

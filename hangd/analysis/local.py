@@ -56,6 +56,10 @@ def classify(s: ProcSignals, ctx: Context, th: Thresholds) -> Reading:
         # a stack that still describes it (taken after its reads) shows it waiting: the reads over
         # the I/O window are behind it
         slow_reading = moving_in = False
+    if v.kind == "computing" and not works and not g.spins(th):
+        # awake in its own model's code (a forward pass, an optimizer step): it works, whatever
+        # bytes come in meanwhile (CUDA libraries paged in as their kernels first run read like a loader)
+        return Reading(Local.BUSY, f"its stack is {v.why} ({v.frame})")
     if not works and (reading or slow_reading or moving_in or v.kind == "loading" or ("loading" in s.log_kinds and s.d_fraction > 0)):
         if moving_in and not reading:
             why = f"reading {(s.in_long_per_s or 0) / 1e6:.0f} MB/s over the last {th.io_window_s:.0f} s ({s.in_counter})"
@@ -151,6 +155,12 @@ def compile_goes_on(s: ProcSignals, th: Thresholds) -> bool:
     show none of it (a few hundred KB/s of collectives over sockets, a few % of a core)."""
     return s.compile_children > 0 or (s.cpu_cores or 0) >= th.compile_cpu_cores or starved(s, th) or \
         (s.wchar_per_s or 0) >= th.io_bytes_per_s or (s.write_per_s or 0) >= th.io_bytes_per_s
+
+
+def computing_goes_on(s: ProcSignals, th: Thresholds) -> bool:
+    """What a rank running its model shows between two captures: its main thread on the CPU
+    (launching kernels, a CPU model's math) or its GPU running them."""
+    return ((s.cpu_cores or 0) >= th.busy_cpu_cores and s.state == "R") or (s.gpu.util or 0) >= th.gpu_active_util_pct
 
 
 def starved(s: ProcSignals, th: Thresholds) -> bool:

@@ -14,7 +14,7 @@ from hangd.analysis.thresholds import Thresholds
 TH = Thresholds()
 GiB = 1 << 30
 STACK = {k: stackcat.Verdict(k, k, "f.py:fn:1", "MainThread", 50) for k in
-         ("collective", "store", "request_wait", "loading", "compiling", "graph_capture", "lock_wait")}
+         ("collective", "store", "request_wait", "loading", "compiling", "graph_capture", "lock_wait", "computing")}
 
 
 def sig(**kw) -> ProcSignals:
@@ -64,6 +64,14 @@ ROWS = [
     ("stack in the store 1 s after its reads (matrix-cpu/spawn-load_slow-exit_early-store pid 12034 at 21.25 s)",
      sig(wchan="poll_schedule_timeout.constprop.0", age_s=19.5, cpu_cores=0.04, rchar_per_s=71.2e6, in_long_per_s=103.5e6,
          out_long_per_s=3.2e6, in_active_s=6, in_counter="rchar", in_quiet_s=1.0, in_pause_s=0.25), "store", Local.WAITING),
+    # a stack in its own model's forward pass or optimizer step: it works, whatever comes in meanwhile
+    ("forward pass while CUDA libraries page in (matrix-gpu/mpargv-checkpoint-exit_early-collective pid 455 at 11 s)",
+     sig(gpu=GpuSignals(util=5.2, sm=1, tensor=0, dram=0, power_w=130, has_gpm=True), age_s=11.2, cpu_cores=0.78,
+         read_per_s=30e6, gpu_mem_rate=347e6, in_long_per_s=60e6, in_active_s=3, in_counter="read_bytes"),
+     "computing", Local.BUSY),
+    ("optimizer step on the CPU (gloo)", sig(state="R", wchan="0", cpu_cores=1.0), "computing", Local.BUSY),
+    ("a forward pass's stack, its GPU now spinning in a collective", sig(gpu=SPINS, state="R", cpu_cores=1.0), "computing",
+     Local.SPINNING),
     ("imports at start read into nothing", sig(age_s=3.0, read_per_s=50e6, rchar_per_s=50e6), None, Local.QUIET),
     ("graph capture: memory grows while the GPU runs bursts",
      sig(gpu=CAPTURE, state="R", gpu_mem_rate=300e6, gpu_mem_rate_before=300e6), None, Local.GRAPH_CAPTURE),

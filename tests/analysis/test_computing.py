@@ -1,0 +1,63 @@
+"""A stack in the rank's own model (a forward pass, an optimizer step) says it works.
+
+Seen on an H200: a rank in its first DDP forward pass read `starting`, then `loading` for 4 s,
+because the CUDA libraries paging in as their kernels first ran read like a loader (read_bytes at
+30 MB/s, GPU memory growing). Such a stack describes the rank while its CPU or GPU works; once
+both are still the rank has moved on, into a wait no capture has shown yet."""
+
+from __future__ import annotations
+
+from hangd.analysis import stackcat
+from hangd.snapshot import Frame, StackSample, ThreadStack
+
+from .builders import Node, P, torchrun_env
+
+FORWARD = [("torch/nn/modules/linear.py", "Linear.forward"), ("torch/nn/modules/module.py", "Module._call_impl"),
+           ("torch/nn/parallel/distributed.py", "DistributedDataParallel.forward"),
+           ("torch/nn/modules/module.py", "Module._call_impl"), ("train.py", "train")]
+STEP = [("torch/optim/sgd.py", "SGD.step"), ("torch/optim/optimizer.py", "Optimizer.profile_hook_step.<locals>.wrapper"),
+        ("train.py", "train")]
+
+
+def _verdict(frames: list[tuple[str, str]]) -> str:
+    th = ThreadStack(tid=1, name="MainThread", active=True, owns_gil=True,
+                     frames=[Frame(name=n, filename=f, line=1) for f, n in frames])
+    return stackcat.classify([StackSample(pid=1, threads=[th])]).kind
+
+
+def test_a_forward_pass_or_a_step_is_computing_and_any_wait_inside_it_wins():
+    assert _verdict(FORWARD) == "computing"
+    assert _verdict(STEP) == "computing"
+    # tensor parallelism's all_reduce inside the forward pass, a lock in a hook, a sleep: the wait
+    assert _verdict([("torch/distributed/distributed_c10d.py", "all_reduce"), *FORWARD]) == "collective"
+    assert _verdict([("threading.py", "Condition.wait"), *FORWARD]) == "lock_wait"
+    assert _verdict([("time.py", "sleep"), *FORWARD]) == "sleeping"
+    # dynamo tracing the forward pass compiles; the compiled forward pass running computes
+    assert _verdict([("torch/_dynamo/symbolic_convert.py", "InstructionTranslator.run"), *FORWARD]) in stackcat.COMPILE_KINDS
+    assert _verdict([("torch/_dynamo/eval_frame.py", "_fn"), *FORWARD]) == "computing"
+    assert _verdict([("train.py", "train")]) == "unknown"
+
+
+def _rank_reading_as_it_computes() -> tuple[Node, P]:
+    r0 = P(11, 10, torchrun_env(0, 2), gpu=0, state="R", wchan="0", cpu_ticks_per_s=90, read_per_s=30_000_000,
+           dist_threads=["pt_nccl_watchdg"])
+    r1 = P(12, 10, torchrun_env(1, 2), gpu=1, look="work", state="R", wchan="0", cpu_ticks_per_s=90,
+           dist_threads=["pt_nccl_watchdg"])
+    node = Node([P(10, 1), r0, r1])
+    node.run(3)
+    node.stack(11, FORWARD)
+    node.run(4)
+    return node, r0
+
+
+def test_a_rank_in_its_forward_pass_reading_bytes_is_busy_not_loading():
+    node, _ = _rank_reading_as_it_computes()
+    assert node.state(11) == "busy", node.an.processes()
+    assert "running its model" in next(p["reason"] for p in node.an.processes() if p["pid"] == 11)
+
+
+def test_the_forward_pass_stack_stops_describing_a_rank_whose_cpu_and_gpu_went_still():
+    node, r0 = _rank_reading_as_it_computes()
+    r0.state, r0.wchan, r0.cpu_ticks_per_s, r0.read_per_s = "S", "futex_do_wait", 0, 0
+    node.run(8)  # the rates' window, then the dwell
+    assert "running its model" not in next(p["reason"] for p in node.an.processes() if p["pid"] == 11)
