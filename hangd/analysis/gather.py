@@ -58,7 +58,9 @@ def job_facts(an: Analyzer, jv: JobView) -> dict[str, Any]:
     return {"hung": tr.hung, "exited": exited, "hung_why": hung_why, "hung_ref": hung_ref, "idle": idle, "idle_why": idle_why,
             # a wait read off the GPU may be a blip; any wait while nothing moves may be a hang in
             # the making; a wait for a peer that works is waiting_peer at once
-            "hold": bool(waiting) and (not recurring or everyone) and (
+            # ... and so may a rank's silence once a rank of its job exited: it may wait for that one
+            # in a way no stack has shown yet
+            "hold": (bool(waiting) or bool(tr.exited)) and (not recurring or everyone) and (
                 (bool(jv.spinning) and t - tr.episode_start < (th.hang_gpu_s if not peer_works else 2 * th.dwell_s))
                 or (not peer_works and jv.quiet < 2 * th.hang_host_s)),
             "waiting": waiting, "serving": serving}
