@@ -48,7 +48,8 @@ def classify(s: ProcSignals, ctx: Context, th: Thresholds) -> Reading:
     slow_reading = (s.in_long_per_s or 0) >= th.load_read_per_s and s.in_counter == "read_bytes" and \
         s.in_active_s >= th.io_sustained_s and not reads_stopped(s, th) and \
         (s.in_long_per_s or 0) >= th.moving_ratio * (s.out_long_per_s or 0) and \
-        (filling or s.age_s >= th.startup_cpu_s or (s.cpu_cores or 0) < th.busy_cpu_cores)  # imports burn CPU
+        (filling or s.age_s >= th.startup_cpu_s or (s.cpu_cores or 0) < th.busy_cpu_cores) and \
+        not paged_in(s, th)  # imports burn CPU
     # compiler processes write and read their files: bytes moving under a compiling rank are its compile
     compiling = v.kind in stackcat.COMPILE_KINDS or (s.compile_children > 0 and (s.cpu_cores or 0) >= th.compile_cpu_cores)
     moving_in, moving_out = moves(s, th, "in") and not compiling, moves(s, th, "out") and not compiling
@@ -155,6 +156,16 @@ def compile_goes_on(s: ProcSignals, th: Thresholds) -> bool:
     show none of it (a few hundred KB/s of collectives over sockets, a few % of a core)."""
     return s.compile_children > 0 or (s.cpu_cores or 0) >= th.compile_cpu_cores or starved(s, th) or \
         (s.wchar_per_s or 0) >= th.io_bytes_per_s or (s.write_per_s or 0) >= th.io_bytes_per_s
+
+
+def paged_in(s: ProcSignals, th: Thresholds) -> bool:
+    """Bytes from the disk with next to no read calls, into no memory that grows: pages of files it
+    maps coming in as they are first touched (a compiled kernel's library it loads, CUDA's libraries
+    as their kernels first run), not a loader's reads. Weights mapped by safetensors come in the
+    same way, but fill memory: its RSS (mapped pages count there) or its GPU's."""
+    came = (s.read_per_s or 0) * th.window_s
+    return (s.read_per_s or 0) > 4 * (s.rchar_per_s or 0) and s.gpu_mem_rate <= 0 and \
+        s.rss_change is not None and s.rss_change < came / 4
 
 
 def computing_goes_on(s: ProcSignals, th: Thresholds) -> bool:

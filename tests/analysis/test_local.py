@@ -72,6 +72,13 @@ ROWS = [
     ("optimizer step on the CPU (gloo)", sig(state="R", wchan="0", cpu_cores=1.0), "computing", Local.BUSY),
     ("a forward pass's stack, its GPU now spinning in a collective", sig(gpu=SPINS, state="R", cpu_cores=1.0), "computing",
      Local.SPINNING),
+    # bytes from the disk with next to no read calls: pages of mapped files coming in
+    ("a compiled kernel's library paged in as it sleeps (matrix-cpu/parent-compile-none pid 23426 at 40.7 s)",
+     sig(wchan="hrtimer_nanosleep", age_s=40.0, cpu_cores=0.08, rchar_per_s=5.6e6, read_per_s=72.8e6, in_long_per_s=27.9e6,
+         in_active_s=2, in_counter="read_bytes", in_quiet_s=1.25, in_pause_s=4.0, rss_change=2_711_552), None, Local.QUIET),
+    ("weights mapped by safetensors come in the same way, and fill its memory",
+     sig(wchan="hrtimer_nanosleep", age_s=40.0, cpu_cores=0.08, rchar_per_s=5.6e6, read_per_s=72.8e6, in_long_per_s=27.9e6,
+         in_active_s=2, in_counter="read_bytes", in_quiet_s=1.25, in_pause_s=4.0, rss_change=140_000_000), None, Local.LOADING),
     ("imports at start read into nothing", sig(age_s=3.0, read_per_s=50e6, rchar_per_s=50e6), None, Local.QUIET),
     ("graph capture: memory grows while the GPU runs bursts",
      sig(gpu=CAPTURE, state="R", gpu_mem_rate=300e6, gpu_mem_rate_before=300e6), None, Local.GRAPH_CAPTURE),
