@@ -113,9 +113,30 @@ def classify(samples: list[StackSample], rules: tuple[Rule, ...] | list[Rule] | 
         if th is None:
             continue
         v = classify_thread(th, rules)
+        v = _fed_from_outside(s, th, v, rules)
         if v.priority > best.priority:
             best = v
     return best
+
+
+QUEUE_READ = re.compile(r"(^|/)queue\.py:(\w+\.)?get$")
+
+
+def _fed_from_outside(s: StackSample, main: ThreadStack, v: Verdict, rules: tuple[Rule, ...] | list[Rule] | None) -> Verdict:
+    """A main thread reading a queue that a thread of its own fills from outside (a listener in
+    accept() or recv(), a ZMQ poller: how servers hand requests to their scheduling loop) waits
+    for requests, not on a lock of its own."""
+    if v.kind != "lock_wait" or not any(QUEUE_READ.search(frame_key(f)) for f in main.frames):
+        return v
+    for th in s.threads:
+        if th is main or not th.frames:
+            continue
+        tv = classify_thread(th, rules)
+        if tv.kind == "request_wait":
+            who = th.name or str(th.tid)
+            return Verdict("request_wait", f"waiting for requests: its main thread reads a queue that its thread "
+                           f"{who!r} fills ({tv.frame})", v.frame, v.thread, v.priority)
+    return v
 
 
 def signature(sample: StackSample) -> tuple[str, ...]:

@@ -1,9 +1,14 @@
-"""A stack in the rank's own model (a forward pass, an optimizer step) says it works.
+"""What a stack says beyond its main thread's innermost wait.
+
+A stack in the rank's own model (a forward pass, an optimizer step) says it works.
 
 Seen on an H200: a rank in its first DDP forward pass read `starting`, then `loading` for 4 s,
 because the CUDA libraries paging in as their kernels first ran read like a loader (read_bytes at
 30 MB/s, GPU memory growing). Such a stack describes the rank while its CPU or GPU works; once
-both are still the rank has moved on, into a wait no capture has shown yet."""
+both are still the rank has moved on, into a wait no capture has shown yet.
+
+A main thread reading a queue that a thread of its own fills from outside (a listener in accept(),
+a ZMQ poller) waits for requests: a server's scheduling loop, not a lock of its own."""
 
 from __future__ import annotations
 
@@ -61,3 +66,31 @@ def test_the_forward_pass_stack_stops_describing_a_rank_whose_cpu_and_gpu_went_s
     r0.state, r0.wchan, r0.cpu_ticks_per_s, r0.read_per_s = "S", "futex_do_wait", 0, 0
     node.run(8)  # the rates' window, then the dwell
     assert "running its model" not in next(p["reason"] for p in node.an.processes() if p["pid"] == 11)
+
+
+def _process(main: list[tuple[str, str]], **others: list[tuple[str, str]]) -> stackcat.Verdict:
+    ths = [ThreadStack(tid=1, name="MainThread", active=False, owns_gil=False,
+                       frames=[Frame(name=n, filename=f, line=1) for f, n in main])]
+    for i, (name, frames) in enumerate(others.items()):
+        ths.append(ThreadStack(tid=2 + i, name=name, active=False, owns_gil=False,
+                               frames=[Frame(name=n, filename=f, line=1) for f, n in frames]))
+    return stackcat.classify([StackSample(pid=1, threads=ths)])
+
+
+QUEUE_GET = [("threading.py", "Condition.wait"), ("queue.py", "Queue.get"), ("server.py", "serve")]
+EVENT_WAIT = [("threading.py", "Condition.wait"), ("threading.py", "Event.wait"), ("server.py", "serve")]
+ACCEPT = [("socket.py", "socket.accept"), ("server.py", "listener"), ("threading.py", "Thread.run")]
+ZMQ = [("zmq/sugar/socket.py", "Socket.recv_pyobj"), ("server.py", "recv_loop"), ("threading.py", "Thread.run")]
+POOL = [("threading.py", "Condition.wait"), ("queue.py", "Queue.get"), ("concurrent/futures/thread.py", "_worker")]
+
+
+def test_a_queue_read_fed_by_a_thread_that_waits_for_outside_input_waits_for_requests():
+    # an inference server's scheduling loop polls the queue its listener thread fills (seen on an
+    # H200: the GPU's broadcast to rank 1 looked stuck, and an idle server opened an nccl_stall)
+    v = _process(QUEUE_GET, listener=ACCEPT)
+    assert v.kind == "request_wait" and "listener" in v.why, v
+    assert _process(QUEUE_GET, zmq_recv=ZMQ).kind == "request_wait"
+    # a queue its own pool fills, or an event, is the rank's own wait, listener or not
+    assert _process(QUEUE_GET, worker=POOL).kind == "lock_wait"
+    assert _process(EVENT_WAIT, listener=ACCEPT).kind == "lock_wait"
+    assert _process(QUEUE_GET).kind == "lock_wait"
