@@ -91,6 +91,16 @@ def valid(launcher: str, phase: str, fault: str, wait: str) -> bool:
     return False
 
 
+def cell_of(name: str) -> dict[str, str] | None:
+    """The cell a full name (``launcher-phase-fault[-wait]``) stands for, if it is a valid one."""
+    parts = name.split("-")
+    if len(parts) not in (3, 4):
+        return None
+    c = {"launcher": parts[0], "phase": parts[1], "fault": parts[2], "wait": parts[3] if len(parts) == 4 else "none"}
+    known = all(c[k] in AXES[k] for k in AXES)
+    return c if known and valid(c["launcher"], c["phase"], c["fault"], c["wait"]) else None
+
+
 def name_of(c: dict[str, str]) -> str:
     parts = [c["launcher"], c["phase"], c["fault"]] + ([c["wait"]] if c["wait"] != "none" else [])
     return "-".join(parts)
@@ -311,7 +321,7 @@ def record(c: dict[str, str], out: Path) -> dict[str, Any]:
     final = finish_truth(truth, actions, gone, t_end)
     merge_actions(d, actions)
     keep_only(d, pids, job)
-    neutralize(d, host_paths(job))
+    neutralize_cell(d, host_paths(job))
     meta = json.loads((d / "meta.json").read_text())
     ranks = {str(x["rank"]): x["pid"] for x in final if x["state"] == "starting"}
     meta.update({"scenario": name, "axes": c, "world_size": 2, "ranks": ranks, "t_end": t_end,
@@ -605,7 +615,9 @@ def main() -> None:
         else cells(a.n) + list(EXTRA_CELLS)
     if a.only:
         want = a.only.split(",")
-        chosen = [c for c in chosen if any(w == name_of(c) or w in name_of(c) for w in want)]
+        picked = [c for c in chosen if any(w == name_of(c) or w in name_of(c) for w in want)]
+        # a cell the generator did not pick, named in full, is recorded too (a cell nobody tuned on)
+        chosen = picked + [c for w in want if (c := cell_of(w)) is not None and name_of(c) not in map(name_of, picked)]
     if a.list:
         for c in chosen:
             print(f"{'check' if is_check(name_of(c)) else 'tune '} {name_of(c)}")
