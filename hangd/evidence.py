@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from hangd.flightrec.reader import DumpError, decode
 from hangd.snapshot import Snapshot
@@ -38,20 +39,41 @@ class RasStatus:
     launched: list[dict[str, int]] = field(default_factory=list)  # {"rank", "op", "gpu", "pid"}
     op: str | None = None  # the collective whose counts differ (AllReduce, ...)
     missing: list[dict[str, int]] = field(default_factory=list)  # {"ranks", "gpu", "pid"}
+    collectives: list[str] = field(default_factory=list)  # the collective of each block of counts
+
+    def words(self) -> str:
+        """What each rank launched, in words ("NCCL RAS: rank 0 (pid 7) launched up to AllReduce #9; ...")."""
+        return words(self.to_dict())
 
     def behind(self) -> list[dict[str, int]]:
-        """The ranks that launched fewer operations than the others: the ones the others wait for."""
-        if not self.launched:
-            return []
-        top = max(x["op"] for x in self.launched)
-        return [x for x in self.launched if x["op"] < top]
+        """The ranks that launched fewer operations than the others, each count compared within its
+        own block (a communicator's counts of one collective): the ones the others wait for. A rank
+        behind in several blocks is listed once, at its first."""
+        out: list[dict[str, int]] = []
+        for block in sorted({x.get("block", 0) for x in self.launched}):  # one block where no "block" is given
+            rows = [x for x in self.launched if x.get("block", 0) == block]
+            top = max(x["op"] for x in rows)
+            out += [x for x in rows if x["op"] < top and x["pid"] not in {y["pid"] for y in out}]
+        return out
 
     def pids(self) -> set[int]:
         return {x["pid"] for x in self.launched} | {x["pid"] for x in self.missing}
 
     def to_dict(self) -> dict[str, object]:
         return {"version": self.version, "groups": self.groups, "launched": self.launched, "op": self.op,
-                "missing": self.missing, "behind": self.behind()}
+                "missing": self.missing, "behind": self.behind(),
+                **({"collectives": self.collectives} if len(self.collectives) > 1 else {})}
+
+
+def words(d: dict[str, Any]) -> str:
+    """A RAS answer's counts in words, from its dict (``RasStatus.to_dict``, a finding of a trace)."""
+    names = d.get("collectives") or []
+    op = d.get("op") or "operation"
+    launched = sorted(d.get("launched") or [], key=lambda x: (x.get("block", 0), x["rank"]))
+    return "NCCL RAS: " + ("; ".join(
+        f"rank {x['rank']} (pid {x['pid']}) launched up to "
+        f"{names[x['block']] if 'block' in x and x['block'] < len(names) else op} #{x['op']}"
+        for x in launched) or "no rank reported what it launched")
 
 
 def parse_ras_text(text: str) -> RasStatus:
@@ -61,10 +83,17 @@ def parse_ras_text(text: str) -> RasStatus:
     st.version = m.group(1) if m else None
     for g in _STATUS.finditer(text):
         st.groups.append({"group": int(g.group(1)), "status": g.group(7), "errors": g.group(8) or ""})
+    # each "different X operation counts" warning opens a block of counts of its own (a communicator
+    # can differ in several collectives; a job can have several communicators)
+    heads = [(m.start(), m.group(1)) for m in _OPCOUNT.finditer(text)]
     for m in _LAUNCHED.finditer(text):
-        st.launched.append({"rank": int(m.group(1)), "op": int(m.group(2)), "gpu": int(m.group(3)), "pid": int(m.group(4))})
-    m = _OPCOUNT.search(text)
-    st.op = m.group(1) if m else None
+        block = sum(1 for at, _ in heads if at < m.start()) - 1
+        entry = {"rank": int(m.group(1)), "op": int(m.group(2)), "gpu": int(m.group(3)), "pid": int(m.group(4))}
+        if len(heads) > 1:  # which block, and of which collective, only where there are several
+            entry["block"] = block
+        st.launched.append(entry)
+    st.collectives = [name for _, name in heads]
+    st.op = heads[0][1] if heads else None
     for m in _MISSING.finditer(text):
         st.missing.append({"ranks": int(m.group(1)), "gpu": int(m.group(2)), "pid": int(m.group(3))})
     return st

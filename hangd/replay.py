@@ -8,6 +8,7 @@ from typing import Any
 from hangd.analysis.engine import Analyzer
 from hangd.analysis.thresholds import Thresholds
 from hangd.daemon import Loop, TraceFeed
+from hangd.evidence import words as ras_words
 from hangd.front import Front
 from hangd.humanize import iso_field, iso_local
 from hangd.snapshot import Snapshot
@@ -43,10 +44,7 @@ def describe_finding(f: dict[str, Any]) -> str:
     if f.get("message"):
         return str(f["message"])
     if f.get("kind") == "nccl_ras":
-        launched = sorted(f.get("launched") or [], key=lambda x: x["rank"])
-        op = f.get("op") or "operation"
-        text = "NCCL RAS: " + ("; ".join(f"rank {x['rank']} (pid {x['pid']}) launched up to {op} #{x['op']}"
-                                          for x in launched) or "no rank reported what it launched")
+        text = ras_words(f)
         behind = f.get("behind") or []
         if behind:
             text += "; behind: " + ", ".join(f"rank {x['rank']}" for x in behind)

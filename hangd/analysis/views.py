@@ -82,6 +82,8 @@ class JobTrack:
     fr_keys: set[tuple[str, str | None, int | None, tuple[str, ...]]] = field(default_factory=set)
     findings: list[Any] = field(default_factory=list)  # flightrec Findings
     culprit: Culprit | None = None
+    # NCCL RAS's newest word on the job's communicators: (time, pids of the ranks behind, in words)
+    ras: tuple[float, list[int], str] | None = None
     # ranks seen waiting in the collective since the job was judged hung: one that drops out of the
     # wait for a tick (stopped a moment for a stack capture) is still a waiter, not a suspect
     waiters: set[int] = field(default_factory=set)

@@ -77,3 +77,37 @@ def test_ras_view_is_attached_to_the_open_hang_incident():
 def test_a_ras_answer_that_does_not_name_the_operation_says_operation():
     note = _attached(TEXT.replace("different AllReduce operation counts", "different counts")).findings[-1]["message"]
     assert note == "NCCL RAS: rank 0 (pid 607) launched up to operation #749; rank 1 (pid 608) launched up to operation #748"
+
+
+TWO_BLOCKS = """#0-0 (32e308ccb1e360b9) MISMATCH
+  Communicator ranks have different AllGather operation counts
+  Rank 0 has launched up to operation 769 -- GPU 0 managed by process 716 on node 192.0.2.2
+  Rank 1 has launched up to operation 768 -- GPU 1 managed by process 717 on node 192.0.2.2
+
+  Communicator ranks have different AllReduce operation counts
+  Rank 0 has launched up to operation 12304 -- GPU 0 managed by process 716 on node 192.0.2.2
+  Rank 1 has launched up to operation 12288 -- GPU 1 managed by process 717 on node 192.0.2.2
+"""
+
+
+def test_counts_of_several_collectives_are_compared_each_with_its_own():
+    # seen on 2 H200s (h200x2-more/hf_draft_thread): rank 1 behind in both its AllGather and its
+    # AllReduce counts. Compared across the two, rank 0's 769 AllGathers were "behind" its 12304
+    # AllReduces and both ranks were blamed
+    st = parse_ras_text(TWO_BLOCKS)
+    assert [x["rank"] for x in st.behind()] == [1]
+    assert st.words() == ("NCCL RAS: rank 0 (pid 716) launched up to AllGather #769; rank 1 (pid 717) launched up to "
+                          "AllGather #768; rank 0 (pid 716) launched up to AllReduce #12304; rank 1 (pid 717) launched "
+                          "up to AllReduce #12288")
+    ahead = TWO_BLOCKS.replace("operation 12288", "operation 12305")  # rank 0 behind in the second
+    assert [x["rank"] for x in parse_ras_text(ahead).behind()] == [1, 0]
+
+
+def test_the_rank_ras_counts_behind_is_the_culprit_where_the_stacks_cannot_tell():
+    # a rank that skipped a step's all_reduce on NCCL: the collectives are queued on the GPU, so both
+    # ranks' stacks wait at the same barrier after the loop; RAS's counts say which one launched fewer
+    d = DATA / "traces" / "matrix-gpu" / "parent-train-skip-collective"
+    an, _ = run_replay(str(d))
+    (inc,) = [i for i in an.book.all if i.kind == "nccl_stall"]
+    assert inc.culprit_ranks == [1], inc.summary
+    assert "rank 1 (pid" in inc.summary and "is behind the others (NCCL RAS: " in inc.summary

@@ -129,6 +129,13 @@ def _culprit(env: Env, jv: JobView) -> Culprit | None:
         remote = [fresh[(f.nodes[r], r)] for r in f.missing_ranks if (f.nodes.get(r), r) in fresh]
         if pids or remote:
             return Culprit(pids, Strength.FLIGHT_RECORDER, "flight recorder: " + f.message, remote=remote)
+    if tr.ras is not None and tr.ras[1] and tr.ras[0] >= (tr.hung_at or jv.t) - env.th.window_s:
+        # NCCL RAS counted the operations each rank launched: the ones behind never launched the
+        # collective the others are in (read as the job hung, not of an earlier hang of the job)
+        behind = [p for p in tr.ras[1] if p in jv.live or p in tr.exited]
+        if behind:
+            return Culprit(jv.by_rank(behind), Strength.FLIGHT_RECORDER, f"{tr.ras[2]}: the ranks behind never "
+                           "launched the collective the others wait in")
     if jv.stopped:
         return Culprit(jv.by_rank(jv.stopped), Strength.STOPPED, "stopped")
     waiting = jv.waiting | {p for p in tr.waiters if p in jv.live}
@@ -301,8 +308,10 @@ def fill(env: Env, jv: JobView, inc: object) -> None:
         who = ", ".join([*(f"rank {job.ranks[p]}{here} (pid {p})" for p in culprits), *map(_remote_name, remote_culprits)])
         one = len(culprits) + len(remote_culprits) == 1
         diverged = tr.culprit is not None and tr.culprit.diverged
+        by_ras = tr.culprit is not None and tr.culprit.source.startswith("NCCL RAS")
         parts.append(f"{who} {'is' if one else 'are'} "
                      + (f"the likely culprit{'' if one else 's'}, where the ranks' collectives diverged: " if diverged else
+                        f"behind the others ({tr.culprit.source}): " if by_ras and tr.culprit is not None else
                         f"not in the collective {'its' if one else 'their'} peers wait in: ")
                      + "; ".join([*(f"rank {job.ranks[p]}: {readings[p].why}" if p in readings
                                     else f"rank {job.ranks[p]}: exited at {report.clock(tr.exited[p])}"
