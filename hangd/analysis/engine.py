@@ -284,6 +284,8 @@ class Analyzer:
         if v.known or p.verdict_t is None or t - p.verdict_t > self.th.window_s / 2:
             p.verdict, p.verdict_t = v, t
             p.verdict_wchan = _wait_point(h)
+        if v.kind in stackcat.COMPILE_KINDS:
+            p.compiled_at = t
 
     def _finding(self, d: dict[str, Any]) -> None:
         if len(self.findings) == self.findings.maxlen:
@@ -315,8 +317,12 @@ class Analyzer:
                 (pr.last_strong is None or pr.last_strong <= p.verdict_t + th.window_s) and \
                 _same_wait_point(p.verdict_wchan, s)
         p.other_end = otherend.other_end(self.view, pid)  # once a tick: gather reads it off the track
+        # a stack in its own code (none of the compiler's frames) taken after its last compiling one
+        out = p.verdict.kind not in stackcat.COMPILE_KINDS and p.verdict_t is not None and bool(p.stack_sig) and \
+            p.stack_sig_t == p.verdict_t and t - p.verdict_t <= th.cpu_stack_every_s and p.compiled_at is not None \
+            and p.verdict_t > p.compiled_at
         return Context(verdict=p.verdict if fresh else stackcat.UNKNOWN, progressed_recently=pr.recent(t, th.window_s),
-                       progress_why=pr.why, other_end=p.other_end)
+                       progress_why=pr.why, other_end=p.other_end, out_of_compile=out)
 
     def _last_wait(self, pid: int, s: ProcSignals, t: float) -> str | None:
         """The kind of wait its last stack showed, while it stays at the same kernel wait point."""

@@ -29,6 +29,9 @@ class Context:
     progress_why: str = ""
     # whose is the other end of the descriptors its main thread sleeps on (otherend.py); None: unknown
     other_end: otherend.OtherEnd | None = None
+    # its newest stack, taken after it was last seen compiling, shows its main thread in its own
+    # code outside the compiler: compilers still at work under it compile in the background
+    out_of_compile: bool = False
 
 
 def classify(s: ProcSignals, ctx: Context, th: Thresholds) -> Reading:
@@ -101,7 +104,8 @@ def classify(s: ProcSignals, ctx: Context, th: Thresholds) -> Reading:
     log_compiles = "compiling" in s.log_kinds or (
         on_cpu and s.log_phase is not None and s.log_phase[0] == "compiling"
         and (s.gpu_work_at is None or s.gpu_work_at < s.log_phase[1]))
-    if v.kind in stackcat.COMPILE_KINDS or log_compiles or (s.compile_children > 0 and (s.cpu_cores or 0) >= th.compile_cpu_cores):
+    if v.kind in stackcat.COMPILE_KINDS or (not ctx.out_of_compile and (
+            log_compiles or (s.compile_children > 0 and (s.cpu_cores or 0) >= th.compile_cpu_cores))):
         why = f"its stack is compiling ({v.frame})" if v.kind in stackcat.COMPILE_KINDS else \
             f"{s.compile_children} compiler processes under it" if s.compile_children else \
             "its log says it compiles" if "compiling" in s.log_kinds else \

@@ -37,6 +37,7 @@ class ProcTrack:
     verdict_wchan: str | None = None  # where the kernel had it blocked when the stack was taken
     stack_sig: tuple[str, ...] = ()
     stack_sig_t: float | None = None
+    compiled_at: float | None = None  # when a stack last showed it compiling
     threads_seen: dict[str, float] = field(default_factory=dict)  # thread name/tid -> last capture with it
     reading: Reading = Reading(Local.QUIET, "")
     other_end: otherend.OtherEnd | None = None  # what its descriptors say of its wait, at the last tick

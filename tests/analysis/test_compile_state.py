@@ -49,6 +49,14 @@ def compiling_then(node: Node, pid: int, after: str) -> None:
         cc = P(40 + pid, pid, cmdline=["g++", "/tmp/torchinductor/ab/kernel.cpp", "-shared"], comm="cc1plus",
                state="R", wchan="0", cpu_ticks_per_s=95)
         node.procs[cc.pid] = cc
+    elif after == "trains, compilers busy under it":
+        # its main thread back in its training loop, a compile worker still busy under it (a
+        # background compile, a warm pool's work): seen on an H200 as 'compiling' to the end
+        p.state, p.wchan, p.cpu_ticks_per_s = "R", "0", 30
+        cc = P(40 + pid, pid, cmdline=["python", "-m", "torch._inductor.compile_worker", "--workers=4"],
+               state="R", wchan="0", cpu_ticks_per_s=60)
+        node.procs[cc.pid] = cc
+        node.stack(pid, TRAIN)
     elif after == "waits in a barrier":
         p.state, p.wchan, p.cpu_ticks_per_s = "S", "futex_do_wait", 0
         node.stack(pid, BARRIER)
@@ -59,6 +67,7 @@ CASES = [
     ("torch.compile() importing dynamo in a rank that has set up", "import", 6, "compiling"),
     ("its compile ended: asleep between compiled steps", "sleeps between small steps", 9, "not compiling"),
     ("its compile goes on in the compilers under it", "waits on its compilers", 9, "compiling"),
+    ("its stack back in its own loop, compilers busy under it", "trains, compilers busy under it", 9, "not compiling"),
     ("done compiling, it waits in a barrier for a peer still compiling", "waits in a barrier", 4, "waiting_peer"),
 ]
 
