@@ -142,19 +142,16 @@ def ras_arrived(an: Analyzer, r: Any, t: float) -> None:
         return
     d = {"t": round(t, 3), "kind": "nccl_ras", "source": "nccl_ras", **st.to_dict()}
     an._finding(d)
-    pids = st.pids()
-    behind_pids = [x["pid"] for x in st.behind()]
+    pids, behind, note = st.pids(), st.behind(), st.words()
     for job_id, tr in an.job_tracks.items():
         job = an.job_defs.get(job_id)
         if job is not None and pids & set(job.pids):
             # the ranks that launched fewer operations than the others never launched the one the
             # others wait in: the hang's culprit (a rank that skipped a collective among them)
-            tr.ras = (t, [p for p in behind_pids if p in job.ranks], st.words())
+            tr.ras = (t, [x["pid"] for x in behind if x["pid"] in job.ranks], note)
     for (_job, family), inc in an.book.open.items():
         if family == hang.FAMILY and pids & set(inc.pids):
             inc.evidence["nccl_ras"] = d
-            behind = st.behind()
-            note = st.words()
             if behind:
                 inc.findings.append({"kind": "ras_behind", "source": "nccl_ras", "ranks": [x["rank"] for x in behind],
                                      "pids": [x["pid"] for x in behind], "message": note})

@@ -59,9 +59,9 @@ class Culprit:
     strength: Strength
     source: str
     remote: list[RemoteRank] = field(default_factory=list)  # ranks on other nodes, as their node reports them
-    # taken for the culprit because the ranks' collectives diverged (every rank waits, at two call
-    # sites): a likely culprit, not one the others are seen to wait for
-    diverged: bool = False
+    # what the evidence is, where the summary says it its own way: "diverged" (every rank waits, at
+    # different call sites: a likely culprit, or none), "ras" (NCCL RAS counts it behind)
+    basis: str = ""
 
 
 @dataclass

@@ -135,7 +135,7 @@ def _culprit(env: Env, jv: JobView) -> Culprit | None:
         behind = [p for p in tr.ras[1] if p in jv.live or p in tr.exited]
         if behind:
             return Culprit(jv.by_rank(behind), Strength.FLIGHT_RECORDER, f"{tr.ras[2]}: the ranks behind never "
-                           "launched the collective the others wait in")
+                           "launched the collective the others wait in", basis="ras")
     if jv.stopped:
         return Culprit(jv.by_rank(jv.stopped), Strength.STOPPED, "stopped")
     waiting = jv.waiting | {p for p in tr.waiters if p in jv.live}
@@ -162,8 +162,9 @@ def _culprit(env: Env, jv: JobView) -> Culprit | None:
                 said = f"every rank waits, in different collectives ({where}): their collective sequences diverged"
                 odd = _odd_ones(env, jv, sites)
                 if odd is not None:
-                    return Culprit(jv.by_rank(odd[0]), Strength.INFERRED, f"{said}; {odd[1]}", diverged=True)
-                return Culprit([], Strength.INFERRED, f"{said}, a rank skipped a collective or made one the others do not")
+                    return Culprit(jv.by_rank(odd[0]), Strength.INFERRED, f"{said}; {odd[1]}", basis="diverged")
+                return Culprit([], Strength.INFERRED, f"{said}, a rank skipped a collective or made one the others do not",
+                               basis="diverged")
         # every rank here waits: for a rank on another node that its node reports outside a collective
         away = [r for r in jv.remote_fresh if r.waits is False]
         if away:
@@ -178,9 +179,9 @@ def _odd_ones(env: Env, jv: JobView, sites: dict[int, str]) -> tuple[list[int], 
 
     - The fewer: ranks at one site while more wait at the other are the odd ones out (they skipped
       the others' collective, or make one the others do not).
-    - As many at each: the ones further along the code both stacks run, at a later line of the
-      first frame where the two differ (the loop's code against the barrier after it, or the
-      caller's next line). With collectives paired in order, a rank that skipped one runs out of
+    - As many at each: the ones further along the code both stacks run, at the later line of the
+      innermost function outside torch that both are in (the loop's code against the barrier after
+      it, or the caller's next line). With collectives paired in order, a rank that skipped one runs out of
       them first and waits further on, at the next collective past the loop: uneven inputs, a
       batch skipped on one rank. A rank that makes an extra collective looks the same from the
       other side, so the summary says both."""
@@ -307,12 +308,11 @@ def fill(env: Env, jv: JobView, inc: object) -> None:
     if culprits or remote_culprits:
         who = ", ".join([*(f"rank {job.ranks[p]}{here} (pid {p})" for p in culprits), *map(_remote_name, remote_culprits)])
         one = len(culprits) + len(remote_culprits) == 1
-        diverged = tr.culprit is not None and tr.culprit.diverged
-        by_ras = tr.culprit is not None and tr.culprit.source.startswith("NCCL RAS")
+        basis = tr.culprit.basis if tr.culprit is not None else ""
         parts.append(f"{who} {'is' if one else 'are'} "
-                     + (f"the likely culprit{'' if one else 's'}, where the ranks' collectives diverged: " if diverged else
-                        f"behind the others ({tr.culprit.source}): " if by_ras and tr.culprit is not None else
-                        f"not in the collective {'its' if one else 'their'} peers wait in: ")
+                     + (f"the likely culprit{'' if one else 's'}, where the ranks' collectives diverged: " if basis == "diverged"
+                        else f"behind the others ({tr.culprit.source}): " if basis == "ras" and tr.culprit is not None
+                        else f"not in the collective {'its' if one else 'their'} peers wait in: ")
                      + "; ".join([*(f"rank {job.ranks[p]}: {readings[p].why}" if p in readings
                                     else f"rank {job.ranks[p]}: exited at {report.clock(tr.exited[p])}"
                                     for p in culprits if p in readings or p in tr.exited),
@@ -324,7 +324,7 @@ def fill(env: Env, jv: JobView, inc: object) -> None:
                                for p in waiters if p in readings))
     if not culprits and not remote_culprits and not waiters:
         parts.append(f"no rank has progressed for {jv.quiet:.0f} s")
-    if tr.culprit is not None and (tr.culprit.diverged or not tr.culprit.pids and not tr.culprit.remote):
+    if tr.culprit is not None and (tr.culprit.basis == "diverged" or not tr.culprit.pids and not tr.culprit.remote):
         parts.append(tr.culprit.source)  # what the evidence says of diverged collectives, a rank blamed or none
     for p in culprits:
         st = report.stack_brief(env.view, env.tracks.get(p), p)
@@ -357,7 +357,7 @@ def fill(env: Env, jv: JobView, inc: object) -> None:
     inc.findings = [f.to_dict() for f in tr.findings]
     inc.evidence["flight_recorder"] = inc.findings
     base = inc.next_step.split(" Flight recording is off")[0].split(" " + DIVERGED_HINT)[0]
-    if tr.culprit is not None and (tr.culprit.diverged or "diverged" in tr.culprit.source):
+    if tr.culprit is not None and tr.culprit.basis == "diverged":
         base += " " + DIVERGED_HINT
     inc.next_step = base + (" " + report.FR_HINT if not tr.fr and report.flight_recording_off(env.view, job) else "")
     env.book.touch(inc, jv.t, f"culprit ranks {inc.culprit_ranks}" if inc.culprit_ranks else None)
