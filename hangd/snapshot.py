@@ -181,6 +181,7 @@ class Frame:
     filename: str
     line: int | None = None
     native: bool = False
+    library: bool = False  # its full path is in the stdlib or site-packages (the short name hides it)
 
 
 @dataclass(slots=True)

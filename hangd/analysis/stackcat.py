@@ -48,6 +48,9 @@ class Verdict:
 
 UNKNOWN = Verdict("unknown", "no catalog rule matched", None, None, 0)
 
+# Where Python's import machinery runs
+IMPORT_FRAMES = re.compile(r"^<frozen importlib|(^|/)importlib/__init__\.py$")
+
 
 def load_catalog(text: str | None = None) -> list[Rule]:
     if text is None:
@@ -101,7 +104,27 @@ def classify_thread(th: ThreadStack, rules: tuple[Rule, ...] | list[Rule] | None
                 continue
             if any(p.search(key) for p in rule.patterns):
                 return Verdict(rule.kind, rule.why, frame_text(f), th.name or str(th.tid), rule.priority)
-    return UNKNOWN
+    return _lazy_import(th)
+
+
+def _lazy_import(th: ThreadStack) -> Verdict:
+    """An import that a library function runs when the job's own code calls it (DDP's constructor
+    importing torch._dynamo, a first optimizer step importing its kernels): the job has set up and
+    works; its start-up imports run from its script's top level or its own functions instead."""
+    frames = [f for f in th.frames if not f.native]
+    outer = [i for i, f in enumerate(frames) if IMPORT_FRAMES.search(f.filename)]
+    if not outer:
+        return UNKNOWN
+    below = frames[outer[-1] + 1:]  # its callers, innermost first
+    while below and below[0].name.endswith("__getattr__"):
+        below = below[1:]  # a lazy module's attribute (``from transformers import X``) is an import statement
+    lib = 0
+    while lib < len(below) and below[lib].library and below[lib].name != "<module>":
+        lib += 1
+    if lib == 0 or lib == len(below) or below[lib].name == "<module>":
+        return UNKNOWN
+    return Verdict("lazy_import", "importing what a library call of its own code needs",
+                   frame_text(below[lib - 1]), th.name or str(th.tid), 5)
 
 
 def classify(samples: list[StackSample], rules: tuple[Rule, ...] | list[Rule] | None = None) -> Verdict:

@@ -24,6 +24,9 @@ PTRACE_HINT = "HINT: run as root or grant CAP_SYS_PTRACE"
 _THREAD_RE = re.compile(r"^Thread (?P<tid>0x[0-9a-fA-F]+|\d+) \((?P<status>[^)]*)\)(?::\s*\"(?P<name>.*)\")?")
 _FRAME_RE = re.compile(r"^\s+(?P<name>.+?) \((?P<where>[^()]*)\)\s*$")
 _PYLOC_RE = re.compile(r"^(?P<file>.+):(?P<line>\d+)$")
+# a library's file, by its full path: the stdlib or an installed package (py-spy's short name drops
+# the sys.path entry it lies under, the job's own directory as well as site-packages)
+LIBRARY_PATH = re.compile(r"/(site-packages|dist-packages)/|/lib/python3[.\d]*/|^<")
 
 
 def parse_pyspy_json(raw: str) -> list[ThreadStack]:
@@ -40,6 +43,7 @@ def parse_pyspy_json(raw: str) -> list[ThreadStack]:
                 name=str(f.get("name", "?")),
                 filename=str(f.get("short_filename") or f.get("filename") or "?"),
                 line=f.get("line") if isinstance(f.get("line"), int) else None,
+                library=bool(LIBRARY_PATH.search(str(f.get("filename") or ""))),
             )
             for f in th.get("frames") or []
             if isinstance(f, dict)

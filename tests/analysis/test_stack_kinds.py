@@ -94,3 +94,71 @@ def test_a_queue_read_fed_by_a_thread_that_waits_for_outside_input_waits_for_req
     assert _process(QUEUE_GET, worker=POOL).kind == "lock_wait"
     assert _process(EVENT_WAIT, listener=ACCEPT).kind == "lock_wait"
     assert _process(QUEUE_GET).kind == "lock_wait"
+
+
+# An import Python's machinery runs (innermost first), then who asked for it: the flag is whether
+# the frame's full path lies in the stdlib or site-packages (py-spy's short name hides it).
+IMPORT = [("<frozen importlib._bootstrap>", "_call_with_frames_removed", True),
+          ("<frozen importlib._bootstrap>", "_find_and_load", True)]
+IMPORT_MODULE = [*IMPORT, ("importlib/__init__.py", "import_module", True)]
+MAIN = [("train.py", "main", False), ("train.py", "<module>", False)]
+
+
+def _frames(frames: list[tuple[str, str, bool]]) -> list[Frame]:
+    return [Frame(name=n, filename=f, line=1, library=lib) for f, n, lib in frames]
+
+
+def _import_verdict(frames: list[tuple[str, str, bool]]) -> stackcat.Verdict:
+    th = ThreadStack(tid=1, name="MainThread", active=True, owns_gil=True, frames=_frames(frames))
+    return stackcat.classify([StackSample(pid=1, threads=[th])])
+
+
+def test_an_import_a_library_call_of_its_own_code_makes_is_work_not_start_up():
+    # DDP's constructor importing torch._dynamo through torch's lazy attribute (seen on an H200:
+    # the rank read `starting` 9 s into its training)
+    ddp = [*IMPORT_MODULE, ("torch/__init__.py", "__getattr__", True),
+           ("torch/nn/parallel/distributed.py", "DistributedDataParallel.__init__", True), ("train.py", "train", False),
+           *MAIN]
+    v = _import_verdict(ddp)
+    assert v.kind == "lazy_import" and "DistributedDataParallel.__init__" in (v.frame or ""), v
+    # a DataLoader's first iterator importing its worker machinery, straight from the import statement
+    assert _import_verdict([*IMPORT, ("torch/utils/data/dataloader.py", "DataLoader.__iter__", True),
+                            ("train.py", "fit", False), *MAIN]).kind == "lazy_import"
+    # the job's own package calling a library (its code outside site-packages, in a package of its own)
+    assert _import_verdict([*IMPORT, ("transformers/pipelines/__init__.py", "pipeline", True),
+                            ("myjob/serve.py", "Server.load", False), ("myjob/serve.py", "main", False)]
+                           ).kind == "lazy_import"
+
+
+def test_imports_of_its_own_start_up_stay_start_up():
+    # from its script's top level, from one of its functions, through a lazy module's attribute
+    # (``from transformers import AutoModel`` inside main), or by a library's module being imported
+    assert _import_verdict([*IMPORT, ("train.py", "<module>", False)]).kind == "unknown"
+    assert _import_verdict([*IMPORT, *MAIN]).kind == "unknown"
+    assert _import_verdict([*IMPORT_MODULE, ("transformers/utils/import_utils.py", "_LazyModule.__getattr__", True),
+                            *MAIN]).kind == "unknown"
+    assert _import_verdict([*IMPORT, ("torch/__init__.py", "<module>", True), *IMPORT, *MAIN]).kind == "unknown"
+    # all library, no code of its own below (a server installed as a package): nothing to say
+    assert _import_verdict([*IMPORT, ("sglang/srt/managers/scheduler.py", "run_scheduler_process", True),
+                            ("multiprocessing/process.py", "BaseProcess.run", True)]).kind == "unknown"
+
+
+def _young_rank_in(frames: list[tuple[str, str, bool]]) -> Node:
+    r0 = P(11, 10, torchrun_env(0, 2), gpu=0, state="R", wchan="0", cpu_ticks_per_s=98, start=1000.0)
+    r1 = P(12, 10, torchrun_env(1, 2), gpu=1, state="R", wchan="0", cpu_ticks_per_s=98, start=1000.0)
+    node = Node([P(10, 1), r0, r1])
+    node.run(3)
+    for pid in (11, 12):
+        node.pending_stacks.append(StackSample(pid=pid, threads=[ThreadStack(
+            tid=pid, name="MainThread", active=True, owns_gil=True, frames=_frames(frames))]))
+    node.run(3)
+    return node
+
+
+def test_a_young_rank_importing_for_a_library_call_works_and_one_importing_to_start_stays_starting():
+    ddp = [*IMPORT_MODULE, ("torch/__init__.py", "__getattr__", True),
+           ("torch/nn/parallel/distributed.py", "DistributedDataParallel.__init__", True), ("train.py", "train", False),
+           *MAIN]
+    node = _young_rank_in(ddp)
+    assert node.state(11) == "busy", node.an.processes()
+    assert _young_rank_in([*IMPORT, *MAIN]).state(11) == "starting"

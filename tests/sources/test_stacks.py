@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -66,6 +67,21 @@ def test_parsers_on_recorded_dumps():
     assert tx[0].tid == 1412 and tx[0].active is False
     assert [f.name for f in tx[0].frames if not f.native] == ["forever", "<module>"]
     assert tx[0].frames[0].native and tx[0].frames[0].name == "clock_nanosleep"
+
+
+def test_a_frame_is_a_librarys_by_its_full_path_which_the_short_name_hides():
+    raw = json.dumps([{"thread_id": 1, "os_thread_id": 7, "thread_name": "MainThread", "frames": [
+        {"name": "_find_and_load", "filename": "<frozen importlib._bootstrap>", "line": 1360},
+        {"name": "__getattr__", "filename": "/opt/venv/lib/python3.12/site-packages/torch/__init__.py",
+         "short_filename": "torch/__init__.py", "line": 2879},
+        {"name": "import_module", "filename": "/usr/lib/python3.11/importlib/__init__.py",
+         "short_filename": "importlib/__init__.py", "line": 90},
+        {"name": "Dist.__init__", "filename": "/usr/lib/python3/dist-packages/dist/x.py", "short_filename": "dist/x.py"},
+        {"name": "train", "filename": "/home/u/job/train.py", "short_filename": "train.py", "line": 228},
+        {"name": "main", "filename": "/opt/venv/src/mylib/main.py", "short_filename": "mylib/main.py", "line": 3}]}])
+    frames = parse_pyspy_json(raw)[0].frames
+    assert [f.library for f in frames] == [True, True, True, True, False, False]
+    assert frames[1].filename == "torch/__init__.py"
 
 
 @pytest.mark.parametrize("frames,kind", [
