@@ -21,8 +21,12 @@ class Thresholds:
     # 100% util at ~18% SM, 0% tensor, 0% DRAM, no NVLink (FIELD-NOTES).
     # Light work counts too: token-by-token generation of a small tensor-parallel model shows SM
     # 2-7%, tensor 0.1-0.3%, DRAM ~2% and NVLink 65-290 MB/s, where a spinning kernel shows 0 and 0.
+    # Two ranks sharing one GPU, their collectives over sockets, generate at SM 2%, tensor 0.02-0.1%
+    # and DRAM 0.5-0.9% with util at 99%: busy, not spinning (seen on an H200). Over the recorded
+    # GPU traces, 2-s windows at util >= 90% and SM < 40% show DRAM 0 for hung ranks (90th
+    # percentile of 3,476; more only as a wait begins) and never less than 0.54% for busy ones.
     gpu_tensor_pct: float = 3.0
-    gpu_dram_pct: float = 1.0
+    gpu_dram_pct: float = 0.3
     gpu_nvlink_mibs: float = 20.0
     gpu_util_mem_pct: float = 3.0  # fallback without GPM: memory-controller activity
     spin_util_pct: float = 90.0

@@ -121,8 +121,12 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, DistributedConfig
 
     cuda = torch.cuda.is_available()
-    dev = torch.device("cuda", LOCAL_RANK) if cuda else torch.device("cpu")
+    dev = torch.device("cuda", LOCAL_RANK % max(torch.cuda.device_count(), 1)) if cuda else torch.device("cpu")
     if cuda:
+        if torch.cuda.device_count() < WORLD:
+            # ranks sharing one GPU, as if on two hosts; transformers' TP sets the device LOCAL_RANK names
+            os.environ["NCCL_HOSTID"] = f"hf-tp-rank{RANK}"
+            os.environ["LOCAL_RANK"] = str(dev.index)
         torch.cuda.set_device(dev)
     dist.init_process_group("nccl" if cuda else "gloo", device_id=dev if cuda else None)
     log(f"process group up: world {WORLD}, backend {dist.get_backend()}")
