@@ -315,7 +315,7 @@ class Analyzer:
         else:
             fresh = p.verdict_t is not None and t - p.verdict_t <= th.verdict_fresh_s and \
                 (pr.last_strong is None or pr.last_strong <= p.verdict_t + th.window_s) and \
-                _same_wait_point(p.verdict_wchan, s)
+                _same_wait_point(p.verdict_wchan, s, th)
         p.other_end = otherend.other_end(self.view, pid)  # once a tick: gather reads it off the track
         # a stack in its own code (none of the compiler's frames) taken after its last compiling one
         out = p.verdict.kind not in stackcat.COMPILE_KINDS and p.verdict_t is not None and bool(p.stack_sig) and \
@@ -329,7 +329,7 @@ class Analyzer:
         p = self._track(pid)
         if p.verdict_t is None or t - p.verdict_t > self.th.verdict_known_s:
             return None
-        if not _same_wait_point(p.verdict_wchan, s):
+        if not _same_wait_point(p.verdict_wchan, s, self.th):
             return None
         return p.verdict.kind
 
@@ -511,5 +511,10 @@ def _calls(sig: tuple[str, ...]) -> tuple[str, ...]:
     return (sig[0].rsplit(":", 1)[0], *sig[1:])
 
 
-def _same_wait_point(wchan: str | None, s: ProcSignals) -> bool:
-    return wchan is None or s.wchan is None or s.state == "t" or wchan == s.wchan
+def _same_wait_point(wchan: str | None, s: ProcSignals, th: Thresholds) -> bool:
+    """It still waits where its stack was taken: the same kernel wait point, or caught running for
+    a moment between two sleeps there (a loop that wakes to poll, on a fraction of a core)."""
+    if wchan is None or s.wchan is None or s.state == "t" or wchan == s.wchan:
+        return True
+    return s.state == "R" and s.wchan == "0" and (s.cpu_cores or 0) < th.busy_cpu_cores and \
+        s.r_fraction < th.runnable_fraction

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from hangd.snapshot import FdWait
+from hangd.snapshot import FdWait, Frame, StackSample, ThreadStack
 
 from .builders import Node, P, torchrun_env
 
@@ -125,3 +125,50 @@ def test_a_wait_every_rank_is_in_is_held_though_such_waits_recur(world: int):
     node.run(6)
     assert [node.state(r.pid) for r in ranks] == ["hung"] * world
     assert "nccl_stall" in node.kinds()
+
+
+QUEUE_GET = [("threading.py", "Condition.wait"), ("queue.py", "Queue.get"), ("server.py", "schedule")]
+LISTENER = [("socket.py", "socket.accept"), ("server.py", "listen"), ("threading.py", "Thread.run")]
+
+
+@pytest.mark.parametrize("caught_running", [False, True], ids=["always_asleep", "caught_running_now_and_then"])
+def test_a_polling_server_caught_running_between_two_sleeps_still_waits_for_requests(caught_running: bool):
+    """A scheduler that wakes 20 times a second to poll its request queue is caught running (state
+    R, no wait point) by some samples: it has not left the wait its stack showed (seen on an H200:
+    each such sample restarted the dwell, and the idle server's ranks read busy 10 s too long)."""
+    r0 = P(11, 10, torchrun_env(0, 2), gpu=0, look="work", dist_threads=["pt_nccl_watchdg"])
+    r1 = P(12, 10, torchrun_env(1, 2), gpu=1, look="work", dist_threads=["pt_nccl_watchdg"])
+    node = Node([P(10, 1), r0, r1])
+    node.run(12)
+    r0.look = r1.look = "idle"
+    r0.cpu_ticks_per_s = 10  # a tenth of a core: the polls
+    node.pending_stacks.append(StackSample(pid=11, threads=[
+        ThreadStack(tid=11, name="MainThread", active=False, owns_gil=False,
+                    frames=[Frame(name=n, filename=f, line=1) for f, n in QUEUE_GET]),
+        ThreadStack(tid=13, name="listener", active=False, owns_gil=False,
+                    frames=[Frame(name=n, filename=f, line=1) for f, n in LISTENER])]))
+    node.stack(12, COLL)
+    for _ in range(6):
+        node.run(0.75)
+        if caught_running:
+            r0.state, r0.wchan = "R", "0"
+        node.run(0.25)
+        r0.state, r0.wchan = "S", "futex_do_wait"
+    assert (node.state(11), node.state(12)) == ("idle", "idle"), node.an.processes()
+
+
+def test_a_server_that_left_its_wait_for_the_cpu_is_not_read_by_the_old_stack():
+    r0 = P(11, 10, torchrun_env(0, 2), gpu=0, look="work", dist_threads=["pt_nccl_watchdg"])
+    r1 = P(12, 10, torchrun_env(1, 2), gpu=1, look="work", dist_threads=["pt_nccl_watchdg"])
+    node = Node([P(10, 1), r0, r1])
+    node.run(12)
+    r0.look = r1.look = "idle"
+    node.pending_stacks.append(StackSample(pid=11, threads=[
+        ThreadStack(tid=11, name="MainThread", active=False, owns_gil=False,
+                    frames=[Frame(name=n, filename=f, line=1) for f, n in QUEUE_GET]),
+        ThreadStack(tid=13, name="listener", active=False, owns_gil=False,
+                    frames=[Frame(name=n, filename=f, line=1) for f, n in LISTENER])]))
+    node.run(1)
+    r0.state, r0.wchan, r0.cpu_ticks_per_s = "R", "0", 95  # a request came in: it runs on the CPU
+    node.run(4)
+    assert node.state(11) != "idle", node.an.processes()
