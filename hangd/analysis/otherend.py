@@ -2,7 +2,8 @@
 (``ProcSample.fd_waits``, read by hangd/sources/fdwait.py) against the processes of the node.
 
 A wait whose other end is a process or thread of the job (a DataLoader worker, a pool, a child it
-started, a pipe only it holds) is internal: when nothing moves, that is a hang. A wait on a
+started, a pipe only it holds) is internal: when nothing moves, that is a hang. A wait on the
+store its launcher serves is a wait for its peers. A wait on a
 listening socket, or on a connection or pipe whose other end no process of the job holds, is for
 input from outside: an idle server. A pure function of the view, so that a replayed trace and a
 live node say the same; traces recorded before the descriptors were read give ``None`` (unknown:
@@ -118,6 +119,13 @@ def other_end(view: NodeView, pid: int) -> OtherEnd | None:
         if fronts:
             return OtherEnd(OUTSIDE, f"{_sock(w)} from pid {_pids(fronts)}, which listens for connections",
                             tuple(fronts), call)
+        # a TCP connection to a service that its launcher (or another process of its job) listens
+        # for: torchrun's agent serves the rendezvous store every rank meets in
+        stores = [p for p in w.holders_listen if p in others and (p in anc or p in siblings)] if w.kind == "tcp" else []
+        if stores:
+            who = "its launcher" if stores[0] in anc else "a process of its job"
+            return OtherEnd(PEER, f"a TCP connection to the store {who} pid {_pids(stores)} serves for its ranks",
+                            tuple(stores), call)
         job = [p for p in others if p in anc or p in siblings]
         if job:
             chan = f"{_sock(w)} held by {'its launcher' if job[0] in anc else 'a process of its job'}"

@@ -1,6 +1,6 @@
 """Whose is the other end of a wait (hangd/analysis/otherend.py), and what a rank's state becomes
 with it: a wait on the job's own worker, thread or launcher is internal (a hang when nothing
-moves), a wait on a listening socket or on input no process of the job sends is idle."""
+moves), one on the store its launcher serves is a wait for its peers, a wait on a listening socket or on input no process of the job sends is idle."""
 
 from __future__ import annotations
 
@@ -71,6 +71,9 @@ CASES = [
     ("the store of its launcher (torchrun's agent listens on it)",
      [FdWait(fd=8, kind="tcp", holders=[LAUNCHER], holders_listen=[LAUNCHER], remote_here=True,
              local="127.0.0.1:5000", remote="127.0.0.1:29400")],
+     otherend.PEER, f"the store its launcher pid {LAUNCHER} serves"),
+    ("a TCP connection its launcher holds without listening (it dialled the rank)",
+     [FdWait(fd=8, kind="tcp", holders=[LAUNCHER], remote_here=True, local="127.0.0.1:5000", remote="127.0.0.1:41000")],
      otherend.OWN_WORKER, f"held by its launcher pid {LAUNCHER}"),
     ("a pipe another program writes (stdin from a shell)", [FdWait(fd=0, kind="pipe", holders=[RANK])],
      otherend.OUTSIDE, "no process of its job holds"),
@@ -90,7 +93,10 @@ WHAT = {  # the whole sentence each case says, as summaries quote it
     "requests from a front end that listens": "a Unix socket from pid 30, which listens for connections",
     "a connection to a server of this host outside the job":
         "a TCP connection to 127.0.0.1:6000 whose other end no process of its job holds",
-    "the store of its launcher (torchrun's agent listens on it)": "a TCP connection held by its launcher pid 10",
+    "the store of its launcher (torchrun's agent listens on it)":
+        "a TCP connection to the store its launcher pid 10 serves for its ranks",
+    "a TCP connection its launcher holds without listening (it dialled the rank)":
+        "a TCP connection held by its launcher pid 10",
     "a pipe another program writes (stdin from a shell)": "a pipe whose other end no process of its job holds",
 }
 
