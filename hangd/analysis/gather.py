@@ -299,7 +299,7 @@ def first_evidence(an: Analyzer, pid: int, jv: JobView) -> bool:
     lp = an.view.procs[pid].latest()
     pg_up = lp is not None and bool(lp.dist_threads)
     note_gpu_mem(an, pid, jv, pg_up)
-    if loc == Local.WAITING and p.verdict.kind == "store":
+    if loc == Local.WAITING and (p.verdict.kind == "store" or p.other_end is not None and p.other_end.store):
         return False  # the rendezvous of its start-up: still setting up (a hang says itself)
     lp = an.view.procs[pid].latest()
     pg_up = lp is not None and bool(lp.dist_threads)

@@ -27,6 +27,7 @@ class OtherEnd:
     pids: tuple[int, ...] = ()  # the processes at the other end, where known
     call: str = ""  # the system call it sleeps in
     channel: str = ""  # ``what`` without the pids ("a pipe held by its child"), where it names them
+    store: bool = False  # a PEER wait on the store its job's launcher serves (start-up's rendezvous too)
 
     @property
     def brief(self) -> str:
@@ -125,7 +126,7 @@ def other_end(view: NodeView, pid: int) -> OtherEnd | None:
         if stores:
             who = "its launcher" if stores[0] in anc else "a process of its job"
             return OtherEnd(PEER, f"a TCP connection to the store {who} pid {_pids(stores)} serves for its ranks",
-                            tuple(stores), call)
+                            tuple(stores), call, store=True)
         job = [p for p in others if p in anc or p in siblings]
         if job:
             chan = f"{_sock(w)} held by {'its launcher' if job[0] in anc else 'a process of its job'}"

@@ -287,3 +287,31 @@ def test_the_same_rank_selecting_on_a_listening_socket_is_an_idle_server():
     assert "listening TCP socket on 0.0.0.0:8000" in _reason(node, 12)
     assert not [i for i in node.an.incidents() if i.kind in ("host_stall", "nccl_stall", "straggler")], \
         [i.kind for i in node.an.incidents()]
+
+
+STORE = [FdWait(fd=5, kind="tcp", holders=[10], holders_listen=[10], remote_here=True,
+                local="127.0.0.1:41000", remote="127.0.0.1:29500")]
+
+
+def test_a_rank_on_its_launcher_s_store_waits_for_its_peers_and_at_start_up_is_still_starting():
+    """torchrun's agent serves the rendezvous store: a rank sleeping on it waits for its peers (a
+    new group's handshake, a barrier on the store), and while it sets up that wait is its
+    start-up's rendezvous, not the first sign of what it is for."""
+    def on_the_store(node: Node) -> Node:
+        r = node.procs[12]
+        r.state, r.wchan, r.cpu_ticks_per_s = "R", "0", 90  # importing torch
+        node.run(1)
+        r.state, r.wchan, r.cpu_ticks_per_s = "S", "futex_do_wait", 0  # then the store's client thread
+        node.run(2)
+        r.state, r.wchan, r.cpu_ticks_per_s, r.wait_syscall, r.fd_waits = "S", "do_sys_poll", 0, "poll", STORE
+        return node
+
+    young = _select_job([])
+    young.procs[12].dist_threads = None  # in init_process_group: no gloo threads yet
+    on_the_store(young).run(3)
+    assert young.state(12) == "starting", _reason(young, 12)
+    node = _select_job([])
+    node.stack(12, [("train.py", "step")])  # set up: a stack in its own code
+    on_the_store(node).run(4)
+    assert "the store its launcher pid 10 serves" in _reason(node, 12)
+    assert node.state(12) in ("waiting_peer", "busy"), _reason(node, 12)
