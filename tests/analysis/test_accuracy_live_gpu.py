@@ -107,7 +107,8 @@ HF2 = DATA / "traces" / "h200x2-hf2"  # the same scenarios recorded again, with 
 # NCCL_HOSTID). Generation then drives the GPU at util 99% with SM 2% and DRAM under 1%: it read as
 # a spinning kernel, and the healthy run opened a critical nccl_stall.
 HF1 = DATA / "traces" / "h200x1-hf"
-HF_RUNS = [(d, n) for d in (HF, HF2, HF1) for n in sorted(HF_EXPECT)]
+HF1B = DATA / "traces" / "h200x1-hf2"  # the same again, live under the serve that had the fix
+HF_RUNS = [(d, n) for d in (HF, HF2, HF1, HF1B) for n in sorted(HF_EXPECT)]
 
 
 def replay_hf(name: str, where=HF) -> dict:
@@ -128,7 +129,7 @@ def test_accuracy_on_hf_tensor_parallel_traces(where, name):
 def test_incidents_on_hf_tensor_parallel_traces(where, name):
     kinds, culprits = HF_EXPECT[name]
     incs = replay_hf(name, where)["incidents"]
-    if where in (HF2, HF1) and name == "worker_died":
+    if where in (HF2, HF1, HF1B) and name == "worker_died":
         kinds = ["nccl_stall"]  # torn down with its launcher: nothing left holding memory
     if (where / name / "expect.json").exists():
         assert expect_problems(json.loads((where / name / "expect.json").read_text()), incs, HANG_KINDS) == []
