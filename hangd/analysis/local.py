@@ -45,7 +45,8 @@ def classify(s: ProcSignals, ctx: Context, th: Thresholds) -> Reading:
     # reading fast *and* the data going somewhere (GPU memory, host memory) or waiting on the disk;
     # importing python packages at start reads too, but into nothing
     filling = (s.gpu_mem_rate > 0 or s.d_fraction >= th.filling_d_fraction) and (bool(s.gpu_indexes) or s.age_s >= th.startup_cpu_s)
-    reading = filling and ((s.read_per_s or 0) >= th.load_read_per_s or (s.rchar_per_s or 0) >= th.load_rchar_per_s)
+    reading = filling and ((s.read_per_s or 0) >= th.load_read_per_s or (s.rchar_per_s or 0) >= th.load_rchar_per_s) \
+        and not paged_in(s, th)
     # a slow reader: bytes from the disk (read_bytes) in bursts with sleeps between, long past start-up;
     # reads only: a checkpoint writer's bytes go the other way
     slow_reading = (s.in_long_per_s or 0) >= th.load_read_per_s and s.in_counter == "read_bytes" and \
@@ -55,7 +56,8 @@ def classify(s: ProcSignals, ctx: Context, th: Thresholds) -> Reading:
         not paged_in(s, th)  # imports burn CPU
     # compiler processes write and read their files: bytes moving under a compiling rank are its compile
     compiling = v.kind in stackcat.COMPILE_KINDS or (s.compile_children > 0 and (s.cpu_cores or 0) >= th.compile_cpu_cores)
-    moving_in, moving_out = moves(s, th, "in") and not compiling, moves(s, th, "out") and not compiling
+    moving_in = moves(s, th, "in") and not compiling and not paged_in(s, th)
+    moving_out = moves(s, th, "out") and not compiling
     if v.kind in WAIT_VERDICTS:
         # a stack that still describes it (taken after its reads) shows it waiting: the reads over
         # the I/O window are behind it
@@ -168,8 +170,11 @@ def paged_in(s: ProcSignals, th: Thresholds) -> bool:
     as their kernels first run), not a loader's reads. Weights mapped by safetensors come in the
     same way, but fill memory: its RSS (mapped pages count there) or its GPU's."""
     came = (s.read_per_s or 0) * th.window_s
-    return (s.read_per_s or 0) > 4 * (s.rchar_per_s or 0) and s.gpu_mem_rate <= 0 and \
-        s.rss_change is not None and s.rss_change < came / 4
+    if (s.read_per_s or 0) <= 4 * (s.rchar_per_s or 0) or s.rss_change is None:
+        return False
+    # into no memory that grows, or into host memory growing far faster than pages come in: a
+    # process allocating (CUDA's first kernels and their workspaces) while its libraries page in
+    return s.gpu_mem_rate <= 0 and s.rss_change < came / 4 or s.rss_change > 3 * came
 
 
 def computing_goes_on(s: ProcSignals, th: Thresholds) -> bool:

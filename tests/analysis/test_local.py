@@ -79,6 +79,17 @@ ROWS = [
     ("weights mapped by safetensors come in the same way, and fill its memory",
      sig(wchan="hrtimer_nanosleep", age_s=40.0, cpu_cores=0.08, rchar_per_s=5.6e6, read_per_s=72.8e6, in_long_per_s=27.9e6,
          in_active_s=2, in_counter="read_bytes", in_quiet_s=1.25, in_pause_s=4.0, rss_change=140_000_000), None, Local.LOADING),
+    # ... and host memory growing far faster than pages come in is a process allocating as its
+    # libraries page in (CUDA's first kernels after a load), not a loader: one maps its weights
+    # and makes tensors of them, two copies at most
+    ("first kernels after its load (matrix-gpu/mpargv-load_disk-none pid 715 at 16.5 s)",
+     sig(gpu=IDLE, state="R", wchan="0", age_s=16.5, cpu_cores=0.92, r_fraction=0.9, d_fraction=0.11, read_per_s=34.7e6,
+         rchar_per_s=4.06e6, rss_change=227_483_648, gpu_mem_rate=53.5e6, in_long_per_s=101e6, in_active_s=6,
+         in_counter="read_bytes", in_quiet_s=0, in_pause_s=3.0), None, Local.CPU),
+    ("safetensors shards mapped onto the GPU (h200x1-hf/healthy pid 583 at 19 s)",
+     sig(gpu=IDLE, age_s=14.2, cpu_cores=0.65, d_fraction=0.56, read_per_s=485e6, rchar_per_s=3.26e6,
+         rss_change=1_897_091_072, gpu_mem_rate=2.02e9, in_long_per_s=202e6, in_active_s=7, in_counter="read_bytes",
+         in_quiet_s=0), None, Local.LOADING),
     ("imports at start read into nothing", sig(age_s=3.0, read_per_s=50e6, rchar_per_s=50e6), None, Local.QUIET),
     ("graph capture: memory grows while the GPU runs bursts",
      sig(gpu=CAPTURE, state="R", gpu_mem_rate=300e6, gpu_mem_rate_before=300e6), None, Local.GRAPH_CAPTURE),
