@@ -19,7 +19,17 @@ import logging
 from collections import deque
 from typing import Any
 
-from hangd.analysis import asks, frjobs, gather, hardware, local, otherend, rankstate, stackcat
+from hangd.analysis import (
+    asks,
+    frjobs,
+    gather,
+    hardware,
+    local,
+    otherend,
+    rankstate,
+    report,
+    stackcat,
+)
 from hangd.analysis.detectors import Env, exits, hang, orphan, straggler
 from hangd.analysis.identity import Job, group_jobs
 from hangd.analysis.local import REQUEST_WCHANS, Context, classify
@@ -292,7 +302,7 @@ class Analyzer:
             self.dropped["findings"] += 1
         self.findings.append(d)
 
-    def _context(self, pid: int, s: ProcSignals, t: float) -> Context:
+    def _context(self, pid: int, s: ProcSignals, t: float, exception_as_it_stopped: bool = False) -> Context:
         """What the engine knows of a process beyond its signals. A stack describes the process
         only while it stays where it was: no progress since, blocked at the same kernel wait point
         (a sleeping straggler caught once inside a fast collective is not waiting in it)."""
@@ -322,7 +332,8 @@ class Analyzer:
             p.stack_sig_t == p.verdict_t and t - p.verdict_t <= th.cpu_stack_every_s and p.compiled_at is not None \
             and p.verdict_t > p.compiled_at
         return Context(verdict=p.verdict if fresh else stackcat.UNKNOWN, progressed_recently=pr.recent(t, th.window_s),
-                       progress_why=pr.why, other_end=p.other_end, out_of_compile=out)
+                       progress_why=pr.why, other_end=p.other_end, out_of_compile=out,
+                       exception_as_it_stopped=exception_as_it_stopped)
 
     def _last_wait(self, pid: int, s: ProcSignals, t: float) -> str | None:
         """The kind of wait its last stack showed, while it stays at the same kernel wait point."""
@@ -362,11 +373,16 @@ class Analyzer:
             s = sigs[pid] = proc_signals(self.view, pid, t, th)
             self.signals[pid] = s
             self.progress.observe(pid, s, t, self._last_wait(pid, s, t))
-        readings: dict[int, Reading] = {pid: classify(sigs[pid], self._context(pid, sigs[pid], t), th) for pid in live}
+        last, last_strong = self.progress.job_last(live)
+        # a queue read that a listener thread's requests would feed: unless an exception came as
+        # the job went still (the thread whose result it waits for may be the one that died)
+        queue_fed = any(stackcat.fed_from_outside(self._track(pid).verdict) for pid in live)
+        died = queue_fed and last is not None and report.exception_as_it_stopped(self.view, job, last, th.window_s)
+        readings: dict[int, Reading] = {pid: classify(sigs[pid], self._context(pid, sigs[pid], t, died), th)
+                                        for pid in live}
         for pid, rd in readings.items():
             tp = self._track(pid)
             tp.reading, tp.job, tp.rank = rd, job.id, job.ranks.get(pid)
-        last, last_strong = self.progress.job_last(live)
         if last is None:
             firsts = [self.view.procs[pid].first_seen for pid in live]
             last = min(firsts) if firsts else t

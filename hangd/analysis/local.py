@@ -32,6 +32,8 @@ class Context:
     # its newest stack, taken after it was last seen compiling, shows its main thread in its own
     # code outside the compiler: compilers still at work under it compile in the background
     out_of_compile: bool = False
+    # an exception line came in its job's logs as the job went still (report.exception_as_it_stopped)
+    exception_as_it_stopped: bool = False
 
 
 def classify(s: ProcSignals, ctx: Context, th: Thresholds) -> Reading:
@@ -132,6 +134,11 @@ def classify(s: ProcSignals, ctx: Context, th: Thresholds) -> Reading:
         return Reading(Local.WORKER_WAIT, f"its stack is {v.why} ({v.frame})")
     if not s.gpu_indexes and (s.cpu_cores or 0) >= th.cpu_active_cores and ctx.progressed_recently:
         return Reading(Local.BUSY, f"on CPU ({s.cpu_cores or 0:.1f} cores) and progressing: {ctx.progress_why}")
+    if stackcat.fed_from_outside(v) and ctx.exception_as_it_stopped:
+        # the queue a listener thread fills is also where a worker thread's result would come: with
+        # an exception logged as the job went still, it may wait for the thread that died of it
+        return Reading(Local.QUIET, f"its stack is blocked reading a queue ({v.frame}) and an exception was logged "
+                                    "as its job went still: it may wait for a thread of its own that died")
     if v.kind == "request_wait" or (s.wchan or "") in REQUEST_WCHANS:
         return Reading(Local.SERVING, f"its stack is {v.why} ({v.frame})" if v.kind == "request_wait"
                        else f"sleeping in {s.wchan}: waiting for requests")

@@ -80,6 +80,12 @@ def log_tails(view: NodeView, h_pid: int, lines: int | None = None) -> list[str]
     return None
 
 
+def exception_as_it_stopped(view: NodeView, job: Job, last_progress: float, window_s: float) -> bool:
+    """An exception line in a log of the job, logged no earlier than a window before its last progress
+    (one already in the log when hangd first read it is of an unknown time: not this)."""
+    return any(x["t"] is not None for x in exceptions(view, job, last_progress - window_s))
+
+
 def exceptions(view: NodeView, job: Job, since: float) -> list[dict[str, Any]]:
     """Exception lines in the job's logs (its ranks' and its launcher's) that appeared after
     ``since``, or were already there when hangd first read the log; newest last."""

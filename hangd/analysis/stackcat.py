@@ -143,6 +143,12 @@ def classify(samples: list[StackSample], rules: tuple[Rule, ...] | list[Rule] | 
 
 
 QUEUE_READ = re.compile(r"(^|/)queue\.py:(\w+\.)?get$")
+FED_FROM_OUTSIDE = "waiting for requests: its main thread reads a queue that its thread "
+
+
+def fed_from_outside(v: Verdict) -> bool:
+    """The verdict is a queue read taken for a wait for requests (``_fed_from_outside``)."""
+    return v.kind == "request_wait" and v.why.startswith(FED_FROM_OUTSIDE)
 
 
 def _fed_from_outside(s: StackSample, main: ThreadStack, v: Verdict, rules: tuple[Rule, ...] | list[Rule] | None) -> Verdict:
@@ -157,8 +163,8 @@ def _fed_from_outside(s: StackSample, main: ThreadStack, v: Verdict, rules: tupl
         tv = classify_thread(th, rules)
         if tv.kind == "request_wait":
             who = th.name or str(th.tid)
-            return Verdict("request_wait", f"waiting for requests: its main thread reads a queue that its thread "
-                           f"{who!r} fills ({tv.frame})", v.frame, v.thread, v.priority)
+            return Verdict("request_wait", f"{FED_FROM_OUTSIDE}{who!r} fills ({tv.frame})", v.frame, v.thread,
+                           v.priority)
     return v
 
 

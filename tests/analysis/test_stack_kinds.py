@@ -162,3 +162,53 @@ def test_a_young_rank_importing_for_a_library_call_works_and_one_importing_to_st
     node = _young_rank_in(ddp)
     assert node.state(11) == "busy", node.an.processes()
     assert _young_rank_in([*IMPORT, *MAIN]).state(11) == "starting"
+
+
+def _server_whose_scheduler_reads_its_queue(exception: bool, broadcasts_go_on: bool = False) -> Node:
+    """Rank 0 schedules: its main thread reads a queue that its listener thread (in accept()) fills,
+    and its handler thread's results; rank 1 waits for it in a broadcast. With ``exception``, the
+    handler thread dies on one as the job goes still (seen on an H200: no incident, an idle server)."""
+    r0 = P(11, 10, torchrun_env(0, 2), gpu=0, look="work", log="/job/log0", dist_threads=["pt_nccl_watchdg"])
+    r1 = P(12, 10, torchrun_env(1, 2), gpu=1, look="work", log="/job/log1", dist_threads=["pt_nccl_watchdg"])
+    node = Node([P(10, 1), r0, r1])
+    for _ in range(10):
+        node.write_log("/job/log0", "request done\n")
+        node.run(1)
+    if exception:
+        node.write_log("/job/log0", 'Exception in thread handler:\nTraceback (most recent call last):\n  File "s.py", '
+                       'line 9, in run\nRuntimeError: mat1 and mat2 shapes cannot be multiplied (4x2048 and 4096x16)\n')
+    r0.look, r1.look = "idle", "spin"
+    if broadcasts_go_on:  # it still broadcasts its empty batches: rank 1 wakes in each of them
+        r1.look, r1.vol_per_s = "idle", 20
+    r0.state, r0.wchan = "S", "futex_do_wait"
+    node.pending_stacks.append(StackSample(pid=11, threads=[
+        ThreadStack(tid=11, name="MainThread", active=False, owns_gil=False,
+                    frames=[Frame(name=n, filename=f, line=1) for f, n in QUEUE_GET]),
+        ThreadStack(tid=13, name="listener", active=False, owns_gil=False,
+                    frames=[Frame(name=n, filename=f, line=1) for f, n in ACCEPT])]))
+    node.stack(12, [("torch/distributed/distributed_c10d.py", "broadcast"), ("server.py", "loop")])
+    node.run(40)
+    return node
+
+
+def test_a_scheduler_reading_its_queue_as_an_exception_is_logged_is_a_hang_not_an_idle_server():
+    hung = _server_whose_scheduler_reads_its_queue(exception=True)
+    hangs = [i for i in hung.an.incidents() if i.kind in ("nccl_stall", "host_stall")]
+    assert len(hangs) == 1 and hangs[0].culprit_ranks == [0], [(i.kind, i.culprit_ranks) for i in hung.an.incidents()]
+    assert "mat1 and mat2 shapes cannot be multiplied" in hangs[0].summary
+    assert hung.state(11) == "hung"
+    idle = _server_whose_scheduler_reads_its_queue(exception=False)
+    assert not [i for i in idle.an.incidents() if i.kind in ("nccl_stall", "host_stall", "straggler")], \
+        [i.kind for i in idle.an.incidents()]
+    assert idle.state(11) == "idle" and idle.state(12) == "idle", idle.an.processes()
+    # a request that failed with a traceback, the server still polling and broadcasting: idle, no hang
+    served = _server_whose_scheduler_reads_its_queue(exception=True, broadcasts_go_on=True)
+    assert not [i for i in served.an.incidents() if i.kind in ("nccl_stall", "host_stall", "straggler")], \
+        [(i.kind, i.summary[:120]) for i in served.an.incidents()]
+    assert served.state(12) == "idle", served.an.processes()
+
+
+def test_only_a_queue_read_taken_for_a_wait_for_requests_counts_as_fed_from_outside():
+    assert stackcat.fed_from_outside(_process(QUEUE_GET, listener=ACCEPT))
+    assert not stackcat.fed_from_outside(_process(QUEUE_GET))
+    assert not stackcat.fed_from_outside(_process([("socket.py", "socket.accept"), ("server.py", "serve")]))

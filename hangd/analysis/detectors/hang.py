@@ -64,9 +64,7 @@ def decide(env: Env, jv: JobView) -> IncidentKind | None:
 
 
 def _exception_as_it_stopped(env: Env, jv: JobView) -> bool:
-    """An exception line in a log of the job, logged no earlier than a window before its last progress
-    (one already in the log when hangd first read it is of an unknown time: not this)."""
-    return any(x["t"] is not None for x in report.exceptions(env.view, jv.job, jv.last_progress - env.th.window_s))
+    return report.exception_as_it_stopped(env.view, jv.job, jv.last_progress, env.th.window_s)
 
 
 def _in_nccl(env: Env, pid: int) -> bool:
