@@ -11,6 +11,7 @@ from hangd.analysis.report import clock
 from hangd.snapshot import Snapshot
 
 from .builders import Node, P, torchrun_env
+from .test_detectors import _diverged
 
 COLL = [("torch/distributed/distributed_c10d.py", "all_reduce"), ("train.py", "step")]
 ELSEWHERE = [("threading.py", "wait"), ("train.py", "load")]
@@ -30,20 +31,10 @@ def _reason(node: Node, pid: int) -> str:
     return next(p["reason"] for p in node.an.processes() if p["pid"] == pid)
 
 
-def _diverged(stacks: dict[int, list[tuple[str, str, int]]]):
-    node = _ranks(len(stacks))
-    node.run(5)
-    for pid, frames in stacks.items():
-        node.stack(pid, frames)
-    node.run(20)
-    (inc,) = node.an.incidents()
-    return inc
-
-
 def test_one_rank_odd_one_out_is_said_in_the_singular():
     loop = [("train.py", "train", 40), ("train.py", "<module>", 99)]
     odd = [("train.py", "train", 30), ("train.py", "<module>", 99)]
-    inc = _diverged({11: [AR, *loop], 12: [BAR, *odd], 13: [AR, *loop]})
+    inc = _diverged({11: [AR, *loop], 12: [BAR, *odd], 13: [AR, *loop]}, world=3)
     assert inc.culprit_ranks == [1]
     assert "rank 1 is the odd one out: 2 ranks wait in all_reduce" in inc.summary, inc.summary
 
