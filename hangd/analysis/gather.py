@@ -301,8 +301,6 @@ def first_evidence(an: Analyzer, pid: int, jv: JobView) -> bool:
     note_gpu_mem(an, pid, jv, pg_up)
     if loc == Local.WAITING and (p.verdict.kind == "store" or p.other_end is not None and p.other_end.store):
         return False  # the rendezvous of its start-up: still setting up (a hang says itself)
-    lp = an.view.procs[pid].latest()
-    pg_up = lp is not None and bool(lp.dist_threads)
     if loc == Local.COMPILING and p.verdict.kind == "compile_setup" and not s.compile_children and not pg_up:
         return False  # torch.compile() importing its compiler during start-up: still setting up
     if loc in (Local.SERVING, Local.SPINNING, Local.WAITING, Local.WORKER_WAIT, Local.GRAPH_CAPTURE,
@@ -311,8 +309,6 @@ def first_evidence(an: Analyzer, pid: int, jv: JobView) -> bool:
     if loc == Local.BUSY and s.gpu.works(th):
         return True
     fresh = p.verdict_t is not None and t - p.verdict_t <= th.stack_repeat_s
-    if working and fresh and p.verdict.kind == "importing":
-        return False  # its stack says it still imports
     # its process group is up (gloo's or NCCL's threads run: imports and init are over) and kernels run
     # on its GPU: set up, whatever it does next (CPU alone is no proof once NCCL may run: a rank
     # spinning in a barrier burns a core too); a rank without a GPU (gloo on the CPU), or a GPU rank
@@ -327,7 +323,7 @@ def first_evidence(an: Analyzer, pid: int, jv: JobView) -> bool:
         return True
     if s.gpu_mem >= th.started_gpu_mem_bytes and loc == Local.QUIET and s.wchan in SLEEP_WCHANS:
         return True  # set up (its memory is in) and asleep in a loop of its own: idle, not blocked
-    if loc == Local.QUIET and p.verdict.known and p.verdict_t is not None and p.verdict.kind != "importing":
+    if loc == Local.QUIET and p.verdict.known and p.verdict_t is not None:
         return True
     if p.quiet_since is not None and (t - p.quiet_since >= th.startup_quiet_s and s.age_s >= th.startup_quiet_s
                                       or s.age_s >= th.startup_cpu_s + th.startup_quiet_s):

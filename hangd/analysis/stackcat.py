@@ -40,6 +40,7 @@ class Verdict:
     frame: str | None  # the frame that decided it, "file:function:line"
     thread: str | None
     priority: int = 0
+    queue_fed: bool = False  # a queue read taken for a wait for requests (``_fed_from_outside``)
 
     @property
     def known(self) -> bool:
@@ -143,12 +144,11 @@ def classify(samples: list[StackSample], rules: tuple[Rule, ...] | list[Rule] | 
 
 
 QUEUE_READ = re.compile(r"(^|/)queue\.py:(\w+\.)?get$")
-FED_FROM_OUTSIDE = "waiting for requests: its main thread reads a queue that its thread "
 
 
 def fed_from_outside(v: Verdict) -> bool:
     """The verdict is a queue read taken for a wait for requests (``_fed_from_outside``)."""
-    return v.kind == "request_wait" and v.why.startswith(FED_FROM_OUTSIDE)
+    return v.queue_fed
 
 
 def _fed_from_outside(s: StackSample, main: ThreadStack, v: Verdict, rules: tuple[Rule, ...] | list[Rule] | None) -> Verdict:
@@ -163,8 +163,8 @@ def _fed_from_outside(s: StackSample, main: ThreadStack, v: Verdict, rules: tupl
         tv = classify_thread(th, rules)
         if tv.kind == "request_wait":
             who = th.name or str(th.tid)
-            return Verdict("request_wait", f"{FED_FROM_OUTSIDE}{who!r} fills ({tv.frame})", v.frame, v.thread,
-                           v.priority)
+            return Verdict("request_wait", f"waiting for requests: its main thread reads a queue that its thread "
+                           f"{who!r} fills ({tv.frame})", v.frame, v.thread, v.priority, queue_fed=True)
     return v
 
 
