@@ -166,7 +166,12 @@ def compile_goes_on(s: ProcSignals, th: Thresholds) -> bool:
     """What a compile shows while it goes on, with no new stack to say so: its compilers run under
     it, it works on the CPU (dynamo tracing, inductor's code generation), or it writes its files
     (sources, objects, the libraries it loads). A compiled program's steps asleep between them
-    show none of it (a few hundred KB/s of collectives over sockets, a few % of a core)."""
+    show none of it (a few hundred KB/s of collectives over sockets, a few % of a core). Nor does a
+    rank whose own kernels run while its main thread sleeps: its compiled program runs, and the
+    compile workers still busy under it warm up their pool in the background (inductor starts
+    them as the compile begins; each imports torch for seconds, after the compile is done)."""
+    if (s.cpu_cores or 0) < th.compile_cpu_cores and s.gpu.active(th) and not s.gpu.spins(th):
+        return False
     return s.compile_children > 0 or (s.cpu_cores or 0) >= th.compile_cpu_cores or starved(s, th) or \
         (s.wchar_per_s or 0) >= th.io_bytes_per_s or (s.write_per_s or 0) >= th.io_bytes_per_s
 

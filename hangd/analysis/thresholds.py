@@ -40,8 +40,10 @@ class Thresholds:
     wake_window_s: float = 3.0  # main-thread wake-ups are counted over this window
     wake_per_s: float = 3.0  # a rank blocked in a collective whose main thread wakes this often: they complete
     # GPU kernels running (util above gpu_active_util_pct) while the main thread wakes this often: it
-    # drives the GPU (DDP over NCCL's socket transport on one H200: util 20-47%, SM 0-1%, ~350 wakes/s)
-    driving_wakes_per_s: float = 100.0
+    # drives the GPU (DDP over NCCL's socket transport on one H200: util 20-47%, SM 0-1%, ~350 wakes/s;
+    # compiled steps with a 50 ms sleep between: util 11%, ~20 wakes/s). Over the recordings, busy ranks at
+    # GPU util >= 10% asleep on the CPU wake 19/s and more; idle ones 0/s, or 86/s and more (a poll loop)
+    driving_wakes_per_s: float = 15.0
     load_read_per_s: float = 20 * MiB
     # bytes moving one way over io_window_s, whichever counter: a throttled page-cache reader (8 MB,
     # then 60 ms asleep) reads ~130 MB/s on rchar alone; a checkpoint writer 78 MB/s (FIELD-NOTES)

@@ -136,3 +136,33 @@ def test_a_rank_runnable_most_of_the_window_on_a_host_short_of_cores_works():
     # a thread that waits sleeps: runnable now and then is not enough, nor is running with no CPU at all
     assert classify(sig(state="R", wchan="0", cpu_cores=0.2, r_fraction=0.3), Context(), TH).local == Local.QUIET
     assert classify(sig(state="R", wchan="0", cpu_cores=0.0, r_fraction=1.0), Context(), TH).local == Local.QUIET
+
+
+# readings of matrix-gpu/spawn-compile-none pid 1734 at 26 s: compiled steps, a 50 ms sleep between
+STEPS = GpuSignals(util=11, sm=0.1, tensor=0, dram=0, nvlink_mibs=0, power_w=130, has_gpm=True)
+
+
+def test_a_compile_ends_when_its_own_kernels_run_while_it_sleeps():
+    from hangd.analysis.local import compile_goes_on
+
+    stepping = sig(gpu=STEPS, wchan="hrtimer_nanosleep", cpu_cores=0.12)
+    stepping.compile_children = 1  # inductor's pool importing torch in the background
+    assert not compile_goes_on(stepping, TH)
+    # the same pool under a rank whose GPU is idle: it waits for its compile workers, compiling
+    waiting = sig(gpu=IDLE, wchan="futex_wait_queue", cpu_cores=0.05)
+    waiting.compile_children = 1
+    assert compile_goes_on(waiting, TH)
+    # a spinning kernel is no compiled program running
+    spinning = sig(gpu=SPINS, wchan="hrtimer_nanosleep", cpu_cores=0.05)
+    spinning.compile_children = 1
+    assert compile_goes_on(spinning, TH)
+
+
+def test_kernels_between_short_sleeps_drive_the_gpu():
+    # 20 steps a second with a sleep between each: its own kernels run, it works
+    s = sig(gpu=STEPS, wchan="hrtimer_nanosleep", cpu_cores=0.12)
+    s.wakes_per_s = 20.0
+    assert classify(s, Context(), TH).local == Local.BUSY
+    # the same GPU readings with a main thread that does not wake: no step is running
+    s.wakes_per_s = 0.0
+    assert classify(s, Context(), TH).local != Local.BUSY
