@@ -56,7 +56,7 @@ test-fast: $(VENV)/.test-installed
 		-n $(FAST_WORKERS) --dist loadgroup -m "$(FAST)" $(PYTEST_ARGS)
 
 lint: $(VENV)/.test-installed
-	$(BIN)/ruff check hangd migrations tests benchmarks
+	$(BIN)/ruff check hangd migrations tests benchmarks scripts
 	$(BIN)/mypy
 
 # Mutation testing of the files in [tool.mutmut] only_mutate (pyproject.toml); see docs/testing.md.
