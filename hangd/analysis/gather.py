@@ -71,7 +71,7 @@ def only_logged(an: Analyzer, pid: int, jv: JobView, since: float) -> bool:
     of its own none of which works (a server that logs the request it takes, then sleeps in it). A
     rank that worked and stopped (its GPU's last kernels, its bytes written) is not one."""
     s, loc = jv.sigs[pid], jv.readings[pid].local
-    idle = loc == Local.QUIET or loc == Local.WORKER_WAIT and not any(child_works(an, c, jv.t) for c in children(an, pid))
+    idle = loc == Local.QUIET or loc == Local.WORKER_WAIT and not any(an.view.cpu_works(c, jv.t) for c in an.view.children(pid))
     strong = an.progress.of(pid).last_strong
     return idle and (strong is None or strong <= since or s.log_grew_at is not None and s.log_grew_at >= strong)
 
@@ -195,30 +195,10 @@ def progress_record(an: Analyzer, pid: int, s: ProcSignals, t: float) -> tuple[d
     put("stack", p.stack_sig_t is not None, bool(p.stack_sig_t and an.progress.of(pid).why.startswith("its stack")
                                                  and t - (an.progress.of(pid).last or 0) <= th.window_s),
         "its stack changed")
-    kids = children(an, pid)
-    busy = [c for c in kids if child_works(an, c, t)]
+    kids = an.view.children(pid)
+    busy = [c for c in kids if an.view.cpu_works(c, t)]
     put("children", bool(kids), bool(busy), f"its workers pid {', '.join(map(str, busy[:4]))} work")
     return out, how
-
-def children(an: Analyzer, pid: int) -> list[int]:
-    """Live processes it started (DataLoader workers, pool processes, subprocesses)."""
-    return [c for c, h in an.view.procs.items()
-            if h.gone_at is None and (lp := h.latest()) is not None and lp.ppid == pid and lp.state not in ("Z", "X")]
-
-def child_works(an: Analyzer, pid: int, t: float) -> bool:
-    """On the CPU, or runnable most of the window on a host short of cores (a starting spawn worker
-    importing torch gets 0.1 of a core at load 15)."""
-    th = an.th
-    win = an.view.proc_window(pid, t, th.window_s)
-    if len(win) < 2:
-        return False
-    (t0, a), (t1, b) = win[0], win[-1]
-    used = b.cpu_seconds_between(a)
-    if used is None or t1 <= t0:
-        return False
-    cores = used / (t1 - t0)
-    runnable = sum(p.state == "R" for _, p in win) / len(win)
-    return cores >= th.busy_cpu_cores / 2 or (runnable >= th.runnable_fraction and cores >= 2 * th.cpu_active_cores)
 
 def still_for(an: Analyzer, pid: int, t: float) -> float | None:
     """How long it has used no CPU, over the history kept (None: it used some at the last reading)."""
@@ -251,7 +231,7 @@ def waits_on(an: Analyzer, pid: int, jv: JobView) -> tuple[rankstate.WaitsOn, st
     if loc == Local.WORKER_WAIT and oe is not None and oe.kind == otherend.OWN_THREAD:
         return W.OWN_WORKER, "a thread of its own"
     if loc == Local.WORKER_WAIT:
-        mine = children(an, pid)
+        mine = an.view.children(pid)
         if oe is not None and oe.kind == otherend.OWN_WORKER and oe.pids and not set(oe.pids) & set(mine):
             return W.OWN_WORKER, oe.what  # its launcher, or another process of its job: not a worker of its own
         kids = [p for p in oe.pids if p in an.view.procs] if oe is not None and oe.kind == otherend.OWN_WORKER \
@@ -266,7 +246,7 @@ def waits_on(an: Analyzer, pid: int, jv: JobView) -> tuple[rankstate.WaitsOn, st
                 continue
             still = still_for(an, c, jv.t)
             asleep = lp.state in ("S", "D") and lp.wchan and lp.wchan != "0"
-            doing = "working" if child_works(an, c, jv.t) else \
+            doing = "working" if an.view.cpu_works(c, jv.t) else \
                 f"sleeping in {lp.wchan}" + (f" for {still:.0f} s" if still is not None and still >= 1 else "") \
                 if asleep else f"state {lp.state}"
             words.append(f"pid {c} ({doing})")

@@ -92,6 +92,8 @@ class ProcHistory:
     gone_at: float | None = None
     zombie_since: float | None = None
     threads_lost: tuple[float, int, int] | None = None  # (when, threads before, after) of the last drop
+    # when its main thread last woke (its voluntary context switches moved), or was first counted
+    woke_at: float | None = None
 
     def latest(self) -> ProcSample | None:
         return self.samples[-1][1] if self.samples else None
@@ -151,6 +153,11 @@ class NodeView:
             last = h.latest()
             if last is not None and last.threads is not None and p.threads is not None and p.threads < last.threads:
                 h.threads_lost = (t, last.threads, p.threads)
+            vol = p.voluntary_ctxt_switches
+            if vol is None:
+                h.woke_at = None
+            elif h.woke_at is None or last is None or last.voluntary_ctxt_switches != vol:
+                h.woke_at = t
             h.samples.append((t, p))
             if p.state == "Z":
                 h.zombie_since = h.zombie_since or t
@@ -281,6 +288,26 @@ class NodeView:
 
     def gpu_window(self, index: int, t: float, window: float) -> list[GpuSample]:
         return [g for _, g in self.gpu_window_t(index, t, window)]
+
+    def children(self, pid: int) -> list[int]:
+        """Live processes it started (DataLoader workers, pool processes, subprocesses)."""
+        return [c for c, h in self.procs.items()
+                if h.gone_at is None and (lp := h.latest()) is not None and lp.ppid == pid and lp.state not in ("Z", "X")]
+
+    def cpu_works(self, pid: int, t: float) -> bool:
+        """On the CPU over the window, or runnable most of it on a host short of cores (a starting
+        spawn worker importing torch gets 0.1 of a core at load 15)."""
+        th = self.th
+        win = self.proc_window(pid, t, th.window_s)
+        if len(win) < 2:
+            return False
+        (t0, a), (t1, b) = win[0], win[-1]
+        used = b.cpu_seconds_between(a)
+        if used is None or t1 <= t0:
+            return False
+        cores = used / (t1 - t0)
+        runnable = sum(p.state == "R" for _, p in win) / len(win)
+        return cores >= th.busy_cpu_cores / 2 or (runnable >= th.runnable_fraction and cores >= 2 * th.cpu_active_cores)
 
     def proc_window(self, pid: int, t: float, window: float) -> list[tuple[float, ProcSample]]:
         h = self.procs.get(pid)

@@ -133,6 +133,7 @@ class ProcSignals:
     in_quiet_s: float | None = None
     in_pause_s: float = 0.0
     wakes_per_s: float | None = None  # main-thread voluntary context switches per second over wake_window_s
+    asleep_s: float | None = None  # how long its main thread has not woken (None: no counters)
     threads_lost_at: float | None = None  # when its thread count last fell
     threads_before: int | None = None
     threads_after: int | None = None
@@ -377,5 +378,7 @@ def _long_signals(sig: ProcSignals, h: ProcHistory, th: Thresholds, t: float,
     vals = [(tt, p.voluntary_ctxt_switches) for tt, p in wwin if p.voluntary_ctxt_switches is not None]
     if len(vals) >= 2 and vals[-1][0] - vals[0][0] >= th.wake_window_s / 2:
         sig.wakes_per_s = max(0, vals[-1][1] - vals[0][1]) / (vals[-1][0] - vals[0][0])
+    if h.woke_at is not None:
+        sig.asleep_s = t - h.woke_at
     if h.threads_lost is not None:
         sig.threads_lost_at, sig.threads_before, sig.threads_after = h.threads_lost

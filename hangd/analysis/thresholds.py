@@ -79,6 +79,10 @@ class Thresholds:
     # ... and with ranks waiting since an exception appeared in the job's logs as it went still
     # (a worker thread that died): what they wait for will not come
     hang_after_exception_s: float = 4.0
+    # ... and with ranks waiting in a collective for one blocked in a wait of its own (an event, a
+    # lock, a queue, its own thread or worker) whose main thread has not woken since its stack showed
+    # that wait: a wait with no timeout that nothing of the job moves to end
+    hang_stuck_s: float = 6.0
     startup_max_s: float = 600.0  # a process is "starting" at most this long
     startup_cpu_s: float = 20.0  # CPU work without a GPU counts as setup (imports) this long
     # work on the CPU or moving bytes, once its CUDA context exists, that lasts this long ends its

@@ -202,13 +202,20 @@ def test_memory_stays_bounded_under_job_churn():
     assert an.forgotten()["processes"] >= 100 and an.forgotten()["changes"] > 0  # 120 ranks came and went
 
 
-def _hang_opened_after(with_exception: bool) -> float | None:
-    """Seconds from the last progress to the hang incident, up to 30 s."""
-    node = Node([P(10, 1), *two_ranks(look="work")])
+def _hang_opened_after(with_exception: bool, wakes_per_s: int = 0, culprit_stack=EVENT, child_cpu: int = 0,
+                       wake_after_stack_s: float | None = None) -> float | None:
+    """Seconds from the last progress to the hang incident, up to 30 s: rank 0 waits in a broadcast
+    for rank 1, which waits in ``culprit_stack``, its main thread woken ``wakes_per_s`` times a
+    second (a timed wait wakes, one with no timeout does not), with a child on ``child_cpu`` ticks
+    a second, and woken once ``wake_after_stack_s`` after its stack was taken."""
+    kid = P(13, 12, cmdline=["python", "-c", "from multiprocessing.spawn import spawn_main"],
+            cpu_ticks_per_s=child_cpu, role="child")
+    node = Node([P(10, 1), *two_ranks(look="work"), kid])
     node.write_log("/job/log1", "rank 1 ready\n")
     node.run(5)
     for pid in (11, 12):  # the GPUs go still
         node.procs[pid].look = "idle"
+    node.procs[12].vol_per_s = wakes_per_s
     if with_exception:
         node.write_log("/job/log1", "Traceback (most recent call last):\n  File \"w.py\", line 3, in run\n"
                        "RuntimeError: mat1 and mat2 shapes cannot be multiplied (1x4096 and 7168x4096)\n")
@@ -216,20 +223,46 @@ def _hang_opened_after(with_exception: bool) -> float | None:
         node.write_log("/job/log1", "step 100 loss 1.25\n")
     node.tick()
     t0 = node.t
-    stacks(node)
+    node.stack(11, COLL)
+    node.stack(12, culprit_stack)
     while node.t - t0 < 30:
         node.tick()
+        if wake_after_stack_s is not None:
+            woke = abs(node.t - t0 - wake_after_stack_s) < 0.2
+            node.procs[12].vol_per_s = 8 if woke else 0
         if node.kinds():
             return node.t - t0
     return None
 
 
+WORKER_WAIT = [("concurrent/futures/_base.py", "result"), ("w.py", "run")]
+
+
 def test_ranks_waiting_since_an_exception_hang_sooner_than_a_plain_wait():
     # the same silence with an exception in a rank's log as it went still is a hang in seconds;
     # without it the job waits the full host-side threshold (a slow step must not page)
-    soon, plain = _hang_opened_after(True), _hang_opened_after(False)
+    soon, plain = _hang_opened_after(True, wakes_per_s=10), _hang_opened_after(False, wakes_per_s=10)
     assert soon is not None and plain is not None
     assert soon <= 6.0 < 11.0 <= plain, (soon, plain)
+
+
+@pytest.mark.parametrize("stack", [EVENT, WORKER_WAIT], ids=["event", "own_worker"])
+def test_a_culprit_in_a_wait_no_timeout_ends_is_a_hang_sooner_than_a_timed_wait(stack):
+    # the culprit blocked in a wait of its own whose main thread never wakes (an Event.wait() or a
+    # future's result() with no timeout) cannot be a slow step: nothing of the job moves to end it
+    stuck = _hang_opened_after(False, culprit_stack=stack)
+    timed = _hang_opened_after(False, wakes_per_s=10, culprit_stack=stack)  # wait(timeout=0.1) in a loop
+    assert stuck is not None and timed is not None
+    assert 5.0 <= stuck <= 8.0 < 11.0 <= timed, (stuck, timed)
+
+
+def test_a_wait_whose_worker_works_or_that_woke_since_its_stack_is_not_hung_sooner():
+    # the worker it waits on works on the CPU: the wait ends when that work does
+    worked = _hang_opened_after(False, culprit_stack=WORKER_WAIT, child_cpu=100)
+    assert worked is None or worked >= 11.0, worked
+    # its main thread woke after its stack was taken: the stack no longer proves where it waits
+    woke = _hang_opened_after(False, wake_after_stack_s=3.0)
+    assert woke is not None and woke >= 11.0, woke
 
 
 def test_ranks_waiting_in_different_collectives_are_said_to_have_diverged_without_a_culprit():

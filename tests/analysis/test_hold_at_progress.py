@@ -36,8 +36,9 @@ def _loaders() -> tuple[Node, P, P]:
 ], ids=["spins_a_core", "worked_on_its_gpu"])
 def test_a_loader_entering_a_wait_keeps_what_it_last_did(after_loading: str, said: str):
     node, r0, r1 = _loaders()
-    # rank 1 stops in its loader, blocked on an event nobody sets
-    r1.read_per_s, r1.cpu_ticks_per_s, r1.wchan = 0, 0, "futex_do_wait"
+    # rank 1 stops in its loader, waiting on an event nobody sets, with a timeout in a loop (it wakes:
+    # one that never woke would be a hang in hang_stuck_s, test_detectors)
+    r1.read_per_s, r1.cpu_ticks_per_s, r1.wchan, r1.vol_per_s = 0, 0, "futex_do_wait", 10
     r0.read_per_s = 0
     if after_loading == "spins":
         r0.state, r0.wchan, r0.cpu_ticks_per_s = "R", "0", 100
@@ -93,10 +94,10 @@ def test_a_wait_for_a_rank_that_exited_is_not_held(stack, peer_exits: bool):
     # two loaders done reading: rank 0 waits in a barrier (or a new group's store handshake), its
     # peer exits early. The rank it pairs with is gone, so the wait is no blip of a step: shown as
     # waiting once its stack shows the wait, not kept `loading` until the hang. With the peer alive
-    # (blocked on an event), the first wait keeps `loading`, as before
+    # (waiting on an event with a timeout, in a loop), the first wait keeps `loading`, as before
     node, r0, r1 = _loaders()
     r0.read_per_s, r0.cpu_ticks_per_s, r0.wchan = 0, 0, "poll_schedule_timeout"
-    r1.read_per_s, r1.cpu_ticks_per_s, r1.wchan = 0, 0, "futex_do_wait"
+    r1.read_per_s, r1.cpu_ticks_per_s, r1.wchan, r1.vol_per_s = 0, 0, "futex_do_wait", 10
     node.run(2)
     if peer_exits:
         node.kill(12)

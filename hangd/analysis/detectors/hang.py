@@ -55,12 +55,35 @@ def decide(env: Env, jv: JobView) -> IncidentKind | None:
     # and ranks waiting in a collective since: they wait for what will not come
     if (waiting or spinning) and jv.quiet >= th.hang_after_exception_s and _exception_as_it_stopped(env, jv):
         return host
+    # the ranks not waiting are each blocked in a wait of their own that no timeout ends: they never woke
+    # since their stacks showed it, and nothing of the job moved for hang_stuck_s
+    if waiting and others and jv.quiet >= th.hang_stuck_s and not away_other \
+            and all(stuck_in_own_wait(env, jv, p) for p in others):
+        return host
     # waiting ranks on another node count: the node of the rank they wait for judges the hang too
     if (waiting or away_waiting) and jv.quiet >= th.hang_host_s:
         return host
     if io_stuck and jv.quiet >= th.hang_io_s:
         return IncidentKind.IO_STALL
     return None
+
+
+# The stack kinds of a wait of its own: an event, a lock, a condition or a queue; a worker or thread of its job
+OWN_WAITS = ("lock_wait", "worker_wait")
+
+
+def stuck_in_own_wait(env: Env, jv: JobView, pid: int) -> bool:
+    """Blocked in a wait of its own (``OWN_WAITS``) that no timeout ends: its main thread has not woken
+    since its stack showed the wait, nor for ``hang_stuck_s``, it uses no CPU, and no worker of it
+    works (a timed wait, a poll loop, a DataLoader's queue read that checks its workers, all wake)."""
+    th, s, tp = env.th, jv.sigs[pid], env.tracks.get(pid)
+    if tp is None or tp.verdict_t is None or tp.verdict.kind not in OWN_WAITS or s.asleep_s is None:
+        return False
+    if jv.readings[pid].local not in (Local.QUIET, Local.WORKER_WAIT) or (s.cpu_cores or 0) >= th.cpu_active_cores:
+        return False
+    if any(env.view.cpu_works(c, jv.t) for c in env.view.children(pid)):
+        return False
+    return s.asleep_s >= max(th.hang_stuck_s, jv.t - tp.verdict_t)
 
 
 def _exception_as_it_stopped(env: Env, jv: JobView) -> bool:
@@ -329,6 +352,9 @@ def fill(env: Env, jv: JobView, inc: object) -> None:
         if st and st["frames"]:
             parts.append(f"rank {job.ranks[p]}'s stack: " + " <- ".join(st["frames"][:4]))
         s = jv.sigs.get(p)
+        if s is not None and s.asleep_s is not None and p in readings and stuck_in_own_wait(env, jv, p):
+            parts.append(f"rank {job.ranks[p]}'s main thread has not woken for {s.asleep_s:.0f} s: a wait with no "
+                         "timeout, that nothing of the job moves to end")
         if s is not None and s.threads_lost_at is not None and s.threads_lost_at >= (inc.hang_started_at or jv.t) - env.th.exception_lookback_s:
             parts.append(f"rank {job.ranks[p]} lost a thread at {report.clock(s.threads_lost_at)} "
                          f"({s.threads_before} -> {s.threads_after} threads)")
