@@ -458,7 +458,12 @@ class Analyzer:
             # it waits for requests itself (accept, an event loop) or its job is an idle server (its
             # wait is known to be for one that does): that is what idle is
             serving = p.reading is not None and p.reading.local == Local.SERVING or p.rule == "idle_server"
-            held = t - p.pending_since >= (self.th.idle_dwell_s if state == State.IDLE and not serving else self.th.dwell_s)
+            # ... and so does busy on nothing but a core in use after a state shown on evidence of
+            # reads, a compile or a wait: a guess like idle (a loader that stops reading to spin in a
+            # barrier's set-up, or in a loop of its own that never ends, burns a core too)
+            guess = state == State.BUSY and p.reading is not None and p.reading.local == Local.CPU \
+                and p.state in (State.LOADING, State.COMPILING, State.WAITING_PEER)
+            held = t - p.pending_since >= (self.th.idle_dwell_s if (state == State.IDLE and not serving) or guess else self.th.dwell_s)
             if not held:
                 # the readings flicker between other states (busy, quiet, a spin) and none holds the
                 # dwell: once the old state has not been read for twice the dwell, the most frequent

@@ -97,7 +97,8 @@ class Thresholds:
     startup_gpu_mem_grew_bytes: float = 64 * MiB
     dwell_s: float = 2.0  # a new state must hold this long before it is reported
     # ... and "idle" longer: a rank that just went quiet is idle, or stuck in a wait its stack (taken
-    # after stack_quiet_s) will show; say which once the stack is in
+    # after stack_quiet_s) will show; say which once the stack is in. The same for busy on a core
+    # alone after loading, compiling or a wait: a loop that never ends burns a core too
     idle_dwell_s: float = 5.0
     stack_quiet_s: float = 3.0  # capture stacks of a job quiet this long
     stack_repeat_s: float = 5.0  # ... and again this much later, to show it is stuck

@@ -42,7 +42,9 @@ def test_a_loader_entering_a_wait_keeps_what_it_last_did(after_loading: str, sai
     r0.read_per_s = 0
     if after_loading == "spins":
         r0.state, r0.wchan, r0.cpu_ticks_per_s = "R", "0", 100
-        node.run(5)  # the reads have stopped; a core in use, nothing else: shown busy
+        node.run(5)  # the reads have stopped; a core in use, nothing else: a guess, not said yet
+        assert node.state(11) == "loading"
+        node.run(3)  # ... said once it has held idle_dwell_s
     else:
         r0.look = "work"
         node.run(9)
@@ -122,3 +124,19 @@ def test_silence_after_a_rank_of_the_job_exited_keeps_the_last_state(peer_exits:
         node.kill(12)
     node.run(9)  # past the idle dwell
     assert node.state(11) == ("loading" if peer_exits else "idle")
+
+
+@pytest.mark.parametrize("then", ["gpu", "cpu"])
+def test_a_loader_that_moves_on_is_said_busy_on_evidence_at_once_on_a_core_alone_later(then: str):
+    # reads end; rank 0 goes on to GPU work (evidence: busy after the dwell) or to a core alone (a
+    # guess: its own loop, or a barrier's set-up; busy once that has held idle_dwell_s)
+    node, r0, r1 = _loaders()
+    r0.read_per_s = r1.read_per_s = 0
+    r1.vol_per_s = 10
+    r0.state, r0.wchan, r0.cpu_ticks_per_s = "R", "0", 100
+    if then == "gpu":
+        r0.look = "work"
+    node.run(4.5)
+    assert node.state(11) == ("busy" if then == "gpu" else "loading")
+    node.run(4)
+    assert node.state(11) == "busy"
