@@ -284,6 +284,13 @@ class Analyzer:
         v = stackcat.classify(good)
         py = [s for s in good if not s.native]
         sig = max((stackcat.signature(s) for s in py), key=len) if py else ()
+        s = self.signals.get(pid)
+        if not v.known and p.verdict.kind == "request_wait" and p.stack_sig and sig and _same_loop(p.stack_sig, sig) \
+                and (s is None or (s.cpu_cores or 0) < self.th.busy_cpu_cores):
+            # a server's loop caught between two of its waits for requests (broadcasting the empty
+            # batch of its poll), on little CPU: still the loop that waits for requests, gone nowhere
+            p.verdict_t, p.verdict_wchan = t, _wait_point(h)
+            return
         # moved: the calls differ, not only the line of the innermost frame (a loop spinning in one
         # function shows a new line at each capture and goes nowhere)
         if p.stack_sig and sig and _calls(sig) != _calls(p.stack_sig) and p.stack_sig_t is not None:
@@ -323,9 +330,12 @@ class Analyzer:
                 # still, the rank has moved on (into a wait no capture has shown yet)
                 fresh = local.computing_goes_on(s, th)
         else:
+            # a server's poll loop wakes at several wait points (its queue read's timeout, its
+            # broadcast): on little CPU, its wait for requests holds wherever it is caught between
+            polling = p.verdict.kind == "request_wait" and (s.cpu_cores or 0) < th.busy_cpu_cores
             fresh = p.verdict_t is not None and t - p.verdict_t <= th.verdict_fresh_s and \
                 (pr.last_strong is None or pr.last_strong <= p.verdict_t + th.window_s) and \
-                _same_wait_point(p.verdict_wchan, s, th)
+                (polling or _same_wait_point(p.verdict_wchan, s, th))
         p.other_end = otherend.other_end(self.view, pid)  # once a tick: gather reads it off the track
         # a stack in its own code (none of the compiler's frames) taken after its last compiling one
         out = p.verdict.kind not in stackcat.COMPILE_KINDS and p.verdict_t is not None and bool(p.stack_sig) and \
@@ -525,6 +535,17 @@ def _wait_point(h: ProcHistory) -> str | None:
         if ps.state != "t":
             return ps.wchan
     return None
+
+
+def _same_loop(old: tuple[str, ...], new: tuple[str, ...], depth: int = 3) -> bool:
+    """Two stacks of one loop: the same calls from the outermost frame in to a function both are in
+    (its lines aside), with at most ``depth`` frames of each beyond it (the wait of one, the next
+    step of the other)."""
+    a, b = [f.rsplit(":", 1)[0] for f in old], [f.rsplit(":", 1)[0] for f in new]
+    shared = 0
+    while shared < min(len(a), len(b)) and a[-1 - shared] == b[-1 - shared]:
+        shared += 1
+    return shared >= 1 and len(a) - shared <= depth and len(b) - shared <= depth
 
 
 def _calls(sig: tuple[str, ...]) -> tuple[str, ...]:

@@ -340,3 +340,43 @@ def test_a_lone_stopped_process_is_no_hang():
     node = Node([P(10, 1), P(11, 10, torchrun_env(0, 1), gpu=0, state="T", wchan="do_signal_stop")])
     node.run(30)
     assert node.kinds() == []
+
+
+def _server_stack(pid: int, main: list[tuple[str, str, int]]):
+    """Rank 0 of a server: its main thread's frames (innermost first), and a thread 'listener' in
+    accept that fills the request queue the main thread polls."""
+    from hangd.snapshot import Frame, StackSample, ThreadStack
+
+    def th(tid, name, frames):
+        return ThreadStack(tid=tid, name=name, active=False, owns_gil=False,
+                           frames=[Frame(name=f, filename=fn, line=ln) for fn, f, ln in frames])
+    return StackSample(pid=pid, threads=[
+        th(pid, "MainThread", main),
+        th(pid + 100, "listener", [("socket.py", "accept", 295), ("srv.py", "listener", 40), ("threading.py", "run", 1010)])])
+
+
+OUTER = [("srv.py", "serve", 62), ("srv.py", "main", 90)]
+POLL = [("threading.py", "wait", 359), ("queue.py", "get", 180)] + OUTER
+STEP = [("srv.py", "broadcast_batch", 85), ("srv.py", "serve", 67), ("srv.py", "main", 90)]
+
+
+@pytest.mark.parametrize("rank0_cpu, hang", [(20, False), (100, True)], ids=["polls_on_little_cpu", "spins_in_its_loop"])
+def test_a_server_caught_between_its_polls_stays_an_idle_server(rank0_cpu: int, hang: bool):
+    # an NCCL server: rank 0 polls a queue its listener thread fills and broadcasts the empty batch,
+    # rank 1 spins in that broadcast. A capture of rank 0 in its broadcast step (no wait in it) is the
+    # same loop: the server stays idle, whatever wait point its poll is caught at. A rank 0 that
+    # burns a core in that loop has left its polls: no idle server, and its job hangs
+    r0 = P(11, 10, torchrun_env(0, 2), gpu=0, vol_per_s=20, cpu_ticks_per_s=rank0_cpu)
+    r1 = P(12, 10, torchrun_env(1, 2), gpu=0, look="spin", state="R", cpu_ticks_per_s=100)
+    node = Node([P(10, 1), r0, r1])
+    node.run(5)
+    node.pending_stacks.append(_server_stack(11, POLL))
+    node.stack(12, COLL)
+    node.run(4)
+    node.pending_stacks.append(_server_stack(11, STEP))
+    for i in range(40 * 4):
+        r0.state, r0.wchan = ("R", "0") if i % 3 == 0 else ("S", "futex_do_wait" if i % 2 else "hrtimer_nanosleep")
+        node.tick()
+    assert (node.kinds() != []) == hang, node.kinds()
+    if not hang:
+        assert node.state(11) == "idle" and node.state(12) == "idle"
