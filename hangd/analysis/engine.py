@@ -388,8 +388,9 @@ class Analyzer:
         # the job went still (the thread whose result it waits for may be the one that died)
         queue_fed = any(stackcat.fed_from_outside(self._track(pid).verdict) for pid in live)
         died = queue_fed and last is not None and report.exception_as_it_stopped(self.view, job, last, th.window_s)
-        readings: dict[int, Reading] = {pid: classify(sigs[pid], self._context(pid, sigs[pid], t, died), th)
-                                        for pid in live}
+        ctxs = {pid: self._context(pid, sigs[pid], t, died) for pid in live}
+        readings: dict[int, Reading] = {pid: classify(sigs[pid], ctxs[pid], th) for pid in live}
+        _shared_spins(job, sigs, ctxs, readings)
         for pid, rd in readings.items():
             tp = self._track(pid)
             tp.reading, tp.job, tp.rank = rd, job.id, job.ranks.get(pid)
@@ -519,6 +520,28 @@ class Analyzer:
             self.dropped["jobs"] += 1
         for key in [k for k in self._fr_out if k[0] not in self.job_tracks]:
             del self._fr_out[key]
+
+
+# Stack kinds of a wait of its own, not for a peer: an event, a lock, a queue; its workers; a sleep
+OWN_WAIT_KINDS = ("lock_wait", "worker_wait", "sleeping")
+
+
+def _shared_spins(job: Job, sigs: dict[int, ProcSignals], ctxs: dict[int, Context],
+                  readings: dict[int, Reading]) -> None:
+    """Ranks of one job on one GPU (two ranks sharing it) each read its spin, NVML's per-process
+    samples telling none apart. A rank whose stack still describes it, blocked in a wait of its own
+    (an event, a lock, its workers, a sleep), while a rank it shares the GPU with is in a collective
+    by its stack, is not in that spin: it waits on its own, the spin is the other's."""
+    in_coll = {pid for pid, c in ctxs.items() if c.verdict.kind == "collective"}
+    for pid, rd in list(readings.items()):
+        s, v = sigs[pid], ctxs[pid].verdict
+        if rd.local != Local.SPINNING or not s.gpu_shared or v.kind not in OWN_WAIT_KINDS:
+            continue
+        others = [o for o in in_coll if o != pid and set(sigs[o].gpu_indexes) & set(s.gpu_indexes)]
+        if others:
+            who = ", ".join(f"rank {job.ranks[o]}" if o in job.ranks else f"pid {o}" for o in sorted(others))
+            readings[pid] = Reading(Local.QUIET, f"its stack is {v.why} ({v.frame}); the spin on its GPU is "
+                                                 f"{who}'s collective")
 
 
 def fresh_compile(p: ProcTrack, state: State) -> bool:

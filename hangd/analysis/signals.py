@@ -111,6 +111,7 @@ class ProcSignals:
     gpu: GpuSignals = field(default_factory=GpuSignals)
     gpu_work_at: float | None = None  # time of the newest reading with real work
     gpu_shared_idle: bool = False  # it shares its GPU and NVML shows it using none of it
+    gpu_shared: bool = False  # another process uses its GPU too
     log_grew_at: float | None = None  # newest growth of a log that this process wrote itself
     log_grew_shared_at: float | None = None  # newest growth of a log it shares, written by others
     log_kinds: set[str] = field(default_factory=set)
@@ -231,7 +232,8 @@ def proc_signals(view: NodeView, pid: int, t: float, th: Thresholds) -> ProcSign
         # GPU readings (and GPM) are per GPU. When several processes share one (a leftover job, MPS,
         # a second job, a process of another container), the per-process SM utilization says whose
         # the activity is: a process NVML sees no SM time for does not own the GPU's work or spin.
-        if gw and _shared(gw) and not _uses_gpu(pid, gw):
+        sig.gpu_shared = bool(gw) and _shared(gw)
+        if sig.gpu_shared and not _uses_gpu(pid, gw):
             sig.gpu = GpuSignals(util=0.0, has_gpm=sig.gpu.has_gpm, power_w=sig.gpu.power_w)
             sig.gpu_work_at = None
             sig.gpu_shared_idle = True

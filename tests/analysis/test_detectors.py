@@ -380,3 +380,23 @@ def test_a_server_caught_between_its_polls_stays_an_idle_server(rank0_cpu: int, 
     assert (node.kinds() != []) == hang, node.kinds()
     if not hang:
         assert node.state(11) == "idle" and node.state(12) == "idle"
+
+
+@pytest.mark.parametrize("rank0_stack, culprit", [(COLL, [1]), (EVENT, None)], ids=["rank0_in_a_collective", "no_collective_stack"])
+def test_two_ranks_sharing_a_gpu_the_one_blocked_on_its_own_is_not_in_the_spin(rank0_stack, culprit):
+    # two ranks on one GPU (each its own NCCL_HOSTID): the GPU spins, NVML tells no one's share.
+    # Rank 0's stack is in a collective, rank 1's blocked on an event: the spin is rank 0's, rank 1 is
+    # the culprit. With no stack in a collective the spin may be either's (a rank whose main thread
+    # waits on a Condition while its own NCCL kernel spins): still a hang, nobody cleared of it
+    r0 = P(11, 10, torchrun_env(0, 2), gpu=0, look="spin", state="R", cpu_ticks_per_s=100)
+    r1 = P(12, 10, torchrun_env(1, 2), gpu=0, look="spin")
+    node = Node([P(10, 1), r0, r1])
+    node.run(5)
+    node.stack(11, rank0_stack)
+    node.stack(12, EVENT)
+    node.run(15)
+    (inc,) = node.an.incidents()
+    assert inc.kind == "nccl_stall"
+    if culprit is not None:
+        assert inc.culprit_ranks == culprit
+        assert "the spin on its GPU is rank 0's collective" in inc.summary
