@@ -284,9 +284,8 @@ class Analyzer:
         v = stackcat.classify(good)
         py = [s for s in good if not s.native]
         sig = max((stackcat.signature(s) for s in py), key=len) if py else ()
-        s = self.signals.get(pid)
-        if not v.known and p.verdict.kind == "request_wait" and p.stack_sig and sig and _same_loop(p.stack_sig, sig) \
-                and (s is None or (s.cpu_cores or 0) < self.th.busy_cpu_cores):
+        if not v.known and _polls(p, self.signals.get(pid), self.th) and p.stack_sig and sig \
+                and _same_loop(p.stack_sig, sig):
             # a server's loop caught between two of its waits for requests (broadcasting the empty
             # batch of its poll), on little CPU: still the loop that waits for requests, gone nowhere
             p.verdict_t, p.verdict_wchan = t, _wait_point(h)
@@ -332,10 +331,9 @@ class Analyzer:
         else:
             # a server's poll loop wakes at several wait points (its queue read's timeout, its
             # broadcast): on little CPU, its wait for requests holds wherever it is caught between
-            polling = p.verdict.kind == "request_wait" and (s.cpu_cores or 0) < th.busy_cpu_cores
             fresh = p.verdict_t is not None and t - p.verdict_t <= th.verdict_fresh_s and \
                 (pr.last_strong is None or pr.last_strong <= p.verdict_t + th.window_s) and \
-                (polling or _same_wait_point(p.verdict_wchan, s, th))
+                (_polls(p, s, th) or _same_wait_point(p.verdict_wchan, s, th))
         p.other_end = otherend.other_end(self.view, pid)  # once a tick: gather reads it off the track
         # a stack in its own code (none of the compiler's frames) taken after its last compiling one
         out = p.verdict.kind not in stackcat.COMPILE_KINDS and p.verdict_t is not None and bool(p.stack_sig) and \
@@ -522,8 +520,8 @@ class Analyzer:
             del self._fr_out[key]
 
 
-# Stack kinds of a wait of its own, not for a peer: an event, a lock, a queue; its workers; a sleep
-OWN_WAIT_KINDS = ("lock_wait", "worker_wait", "sleeping")
+# Stack kinds of a wait that is not for a peer: one of its own job (stackcat.OWN_WAIT_KINDS), or a sleep
+NOT_FOR_A_PEER = stackcat.OWN_WAIT_KINDS | {"sleeping"}
 
 
 def _shared_spins(job: Job, sigs: dict[int, ProcSignals], ctxs: dict[int, Context],
@@ -535,7 +533,7 @@ def _shared_spins(job: Job, sigs: dict[int, ProcSignals], ctxs: dict[int, Contex
     in_coll = {pid for pid, c in ctxs.items() if c.verdict.kind == "collective"}
     for pid, rd in list(readings.items()):
         s, v = sigs[pid], ctxs[pid].verdict
-        if rd.local != Local.SPINNING or not s.gpu_shared or v.kind not in OWN_WAIT_KINDS:
+        if rd.local != Local.SPINNING or not s.gpu_shared or v.kind not in NOT_FOR_A_PEER:
             continue
         others = [o for o in in_coll if o != pid and set(sigs[o].gpu_indexes) & set(s.gpu_indexes)]
         if others:
@@ -558,6 +556,11 @@ def _wait_point(h: ProcHistory) -> str | None:
         if ps.state != "t":
             return ps.wchan
     return None
+
+
+def _polls(p: ProcTrack, s: ProcSignals | None, th: Thresholds) -> bool:
+    """Its stack last showed it waiting for requests, and it uses little CPU: a server's poll loop."""
+    return p.verdict.kind == "request_wait" and (s is None or (s.cpu_cores or 0) < th.busy_cpu_cores)
 
 
 def _same_loop(old: tuple[str, ...], new: tuple[str, ...], depth: int = 3) -> bool:

@@ -19,6 +19,9 @@ IGNORED_THREAD_FRAMES = re.compile(r"<frozen importlib|ProcessGroupNCCL::(ncclCo
 # Catalog kinds that show the process working, not waiting: such a verdict describes it while the
 # work goes on, wherever in the kernel it is between two captures.
 WORK_KINDS = frozenset({"compile_setup", "compiling", "loading", "graph_capture", "computing"})
+# Kinds of a wait for something of its own job, not for a peer: an event, a lock, a condition or a
+# queue; a worker, a pool or a thread of its job
+OWN_WAIT_KINDS = frozenset({"lock_wait", "worker_wait"})
 # Kinds that show it compiling: ``compile_setup`` is the torch.compile() call importing its compiler
 COMPILE_KINDS = frozenset({"compile_setup", "compiling"})
 # The compiler's own modules: code their import runs (decorators registering polyfills, rule

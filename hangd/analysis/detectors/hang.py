@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hangd.analysis import hardware, report
+from hangd.analysis import hardware, report, stackcat
 from hangd.analysis.detectors import Env
 from hangd.analysis.local import WAIT_VERDICTS
 from hangd.analysis.model import Local, Strength
@@ -68,16 +68,12 @@ def decide(env: Env, jv: JobView) -> IncidentKind | None:
     return None
 
 
-# The stack kinds of a wait of its own: an event, a lock, a condition or a queue; a worker or thread of its job
-OWN_WAITS = ("lock_wait", "worker_wait")
-
-
 def stuck_in_own_wait(env: Env, jv: JobView, pid: int) -> bool:
-    """Blocked in a wait of its own (``OWN_WAITS``) that no timeout ends: its main thread has not woken
+    """Blocked in a wait of its own (``stackcat.OWN_WAIT_KINDS``) that no timeout ends: its main thread has not woken
     since its stack showed the wait, nor for ``hang_stuck_s``, it uses no CPU, and no worker of it
     works (a timed wait, a poll loop, a DataLoader's queue read that checks its workers, all wake)."""
     th, s, tp = env.th, jv.sigs[pid], env.tracks.get(pid)
-    if tp is None or tp.verdict_t is None or tp.verdict.kind not in OWN_WAITS or s.asleep_s is None:
+    if tp is None or tp.verdict_t is None or tp.verdict.kind not in stackcat.OWN_WAIT_KINDS or s.asleep_s is None:
         return False
     if jv.readings[pid].local not in (Local.QUIET, Local.WORKER_WAIT) or (s.cpu_cores or 0) >= th.cpu_active_cores:
         return False
@@ -352,7 +348,7 @@ def fill(env: Env, jv: JobView, inc: object) -> None:
         if st and st["frames"]:
             parts.append(f"rank {job.ranks[p]}'s stack: " + " <- ".join(st["frames"][:4]))
         s = jv.sigs.get(p)
-        if s is not None and s.asleep_s is not None and p in readings and stuck_in_own_wait(env, jv, p):
+        if s is not None and s.asleep_s is not None and stuck_in_own_wait(env, jv, p):
             parts.append(f"rank {job.ranks[p]}'s main thread has not woken for {s.asleep_s:.0f} s: a wait with no "
                          "timeout, that nothing of the job moves to end")
         if s is not None and s.threads_lost_at is not None and s.threads_lost_at >= (inc.hang_started_at or jv.t) - env.th.exception_lookback_s:
