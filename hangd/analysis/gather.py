@@ -234,20 +234,25 @@ def waits_on(an: Analyzer, pid: int, jv: JobView) -> tuple[rankstate.WaitsOn, st
         mine = an.view.children(pid)
         if oe is not None and oe.kind == otherend.OWN_WORKER and oe.pids and not set(oe.pids) & set(mine):
             return W.OWN_WORKER, oe.what  # its launcher, or another process of its job: not a worker of its own
-        kids = [p for p in oe.pids if p in an.view.procs] if oe is not None and oe.kind == otherend.OWN_WORKER \
+        held = [p for p in oe.pids if p in an.view.procs] if oe is not None and oe.kind == otherend.OWN_WORKER \
             else []
-        kids = kids or mine
+        # the holders its descriptors named (a bounded read may miss some) and its other workers,
+        # the one that has not moved longest first: a DataLoader's workers all hold its result
+        # pipe, and the one blocked is the one that matters
+        kids = held + [c for c in mine if c not in held]
         if not kids:
             return W.OWN_WORKER, "a thread of its own"
+        still = {c: still_for(an, c, jv.t) for c in kids}
+        kids.sort(key=lambda c: (an.view.cpu_works(c, jv.t), -(still[c] or 0.0)))
         words = []
         for c in kids[:3]:
             lp = an.view.procs[c].latest()
             if lp is None:
                 continue
-            still = still_for(an, c, jv.t)
+            still_s = still[c]
             asleep = lp.state in ("S", "D") and lp.wchan and lp.wchan != "0"
             doing = "working" if an.view.cpu_works(c, jv.t) else \
-                f"sleeping in {lp.wchan}" + (f" for {still:.0f} s" if still is not None and still >= 1 else "") \
+                f"sleeping in {lp.wchan}" + (f" for {still_s:.0f} s" if still_s is not None and still_s >= 1 else "") \
                 if asleep else f"state {lp.state}"
             words.append(f"pid {c} ({doing})")
         name = "DataLoader worker" if any("dataloader" in f for f in an._track(pid).stack_sig) else "worker"

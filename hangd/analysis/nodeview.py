@@ -30,13 +30,22 @@ def log_catalog() -> dict[str, re.Pattern[str]]:
 
 
 def classify_log_lines(text: str) -> tuple[int, set[str]]:
-    """(bytes of lines that are not diagnostic, phase kinds the lines name)."""
+    """(bytes of lines that are not diagnostic, phase kinds the lines name). A traceback, its
+    source lines and its last line ("RuntimeError: ...") included, is no progress either: it is
+    what a dying thread prints."""
     cat = log_catalog()
     diag = cat.get("diagnostic")
     useful = 0
     kinds: set[str] = set()
+    dying = set(exception_lines(text))
+    in_tb = False
     for line in text.splitlines():
-        if not line.strip():
+        if line.lstrip("[rank0123456789]: ").startswith("Traceback (most recent call last)"):
+            in_tb = True
+        if line.strip()[:500] in dying:
+            in_tb = False
+            continue
+        if not line.strip() or in_tb:
             continue
         if diag is not None and diag.search(line):
             continue
@@ -56,6 +65,8 @@ class FileState:
     # exception lines (the last line of a traceback, "RuntimeError: ..."), with when they appeared;
     # None as the time: already in the file when hangd first read it
     exceptions: deque[tuple[float | None, str]] = field(default_factory=lambda: deque(maxlen=Thresholds.exceptions_kept))
+    changed_at: float | None = None  # when its size last changed
+    unfinished: str | None = None  # the exception line judged before its newline came, if any
 
 
 # The last line of a Python traceback: "RuntimeError: mat1 and mat2 shapes cannot be multiplied".
@@ -243,12 +254,27 @@ class NodeView:
             for k in kinds:
                 st.kinds_at[k] = t
             for line in exception_lines(new):
-                st.exceptions.append((t, line))
+                if st.unfinished and line.startswith(st.unfinished) and st.exceptions \
+                        and st.exceptions[-1][1] == st.unfinished:
+                    st.exceptions[-1] = (st.exceptions[-1][0], line)  # the line judged unfinished, whole now
+                else:
+                    st.exceptions.append((t, line))
+            st.unfinished = None
+        elif st.size is not None and f.size == st.size and f.tail and not f.tail.endswith("\n") \
+                and st.unfinished is None and t - (st.changed_at or t) >= self.th.log_unfinished_line_s:
+            # the last line never got its newline: judge it as it stands, once, as of when it was written
+            last = f.tail.rsplit("\n", 1)[-1].strip()[:500]
+            found = exception_lines(f.tail)
+            st.unfinished = found[-1] if found and found[-1] == last else ""
+            if st.unfinished:
+                st.exceptions.append((st.changed_at, st.unfinished))
         elif st.size is None and f.tail:
             for line in exception_lines(f.tail)[-3:]:
                 st.exceptions.append((None, line))
         if f.tail is not None:
             st.tail = f.tail
+        if f.size != st.size:
+            st.changed_at = t
         st.size = f.size
 
     def _trim(self, t: float) -> None:

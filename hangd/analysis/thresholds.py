@@ -154,6 +154,9 @@ class Thresholds:
     # still between two captures is the evidence), exception lines per log, log lines an incident quotes
     stacks_kept: int = 6
     exceptions_kept: int = 8
+    # a log's last line without its newline, the file unchanged this long: judged as it stands (a
+    # writer that died or hangs mid-line, a traceback whose last bytes never came)
+    log_unfinished_line_s: float = 2.0
     log_lines_quoted: int = 20
     # process trees: how far up a process's ancestors are walked for its launcher and its rank, and
     # for the rank a compile worker (ptxas, cc1, inductor's workers) works for; torchrun puts its

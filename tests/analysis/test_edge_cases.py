@@ -104,6 +104,42 @@ def test_a_log_line_is_read_whole_from_where_the_log_grew(before: str, appended:
     assert [line for _, line in fs.exceptions] == [found]
 
 
+@pytest.mark.parametrize("rest, said", [
+    ("", "RuntimeError: mat1 and mat2 shapes cannot be multiplied (4x2048 and 4096x1"),  # never came
+    ("6)\n", "RuntimeError: mat1 and mat2 shapes cannot be multiplied (4x2048 and 4096x16)"),  # came late
+])
+def test_a_traceback_whose_last_line_lacks_its_newline_is_judged_once_as_of_when_it_was_written(rest: str, said: str):
+    # a thread dies and its traceback's last bytes never reach the log (or come long after): the
+    # exception is the job's probable cause from when its bytes were written, and counted once
+    node = _job(log=None)
+    node.procs[11].log = "/job/r0.log"
+    node.write_log("/job/r0.log", "step 1\n")
+    node.run(1)
+    written = node.t + 0.25
+    node.write_log("/job/r0.log", 'Traceback (most recent call last):\n  File "w.py", line 3, in work\n'
+                                  "RuntimeError: mat1 and mat2 shapes cannot be multiplied (4x2048 and 4096x1")
+    node.run(1)
+    fs = node.an.view.files["/job/r0.log"]
+    assert not fs.exceptions  # an unfinished line, for now
+    node.run(node.an.th.log_unfinished_line_s + 1)
+    assert [line for _, line in fs.exceptions] == ["RuntimeError: mat1 and mat2 shapes cannot be multiplied (4x2048 and 4096x1"]
+    if rest:
+        node.write_log("/job/r0.log", rest)
+        node.run(1)
+    assert [(round(at or 0, 2), line) for at, line in fs.exceptions] == [(round(written, 2), said)]
+
+
+def test_an_exception_line_in_a_log_is_not_progress():
+    from hangd.analysis.nodeview import classify_log_lines
+
+    dying = 'Exception in thread w:\nTraceback (most recent call last):\n  File "w.py", line 3, in work\n' \
+            "    x @ y\n    ~~^~~\nRuntimeError: shapes cannot be multiplied\n"
+    assert classify_log_lines(dying) == (0, set())
+    assert classify_log_lines("ValueError: bad\n") == (0, set())
+    assert classify_log_lines("step 3 loss 0.5\n")[0] == len("step 3 loss 0.5\n")
+    assert classify_log_lines(dying + "step 4\n")[0] == len("step 4\n")  # what follows the traceback counts
+
+
 def test_a_log_read_first_gives_its_last_three_exceptions_as_already_there():
     node = _job(log=None)
     node.procs[11].log = "/job/r0.log"
@@ -866,8 +902,23 @@ def test_a_rank_waiting_on_its_workers_names_each_with_what_it_does_and_is_busy_
     node.run(3)
     reason = _reason(node, 11)
     assert node.state(11) == "busy", reason
-    assert "its DataLoader workers pid 21 (working), pid 22 (sleeping in pipe_read for 6 s), pid 23 (state R)" in reason, reason
+    # the one that has not moved longest first, the working one last
+    assert "its DataLoader workers pid 22 (sleeping in pipe_read for 6 s), pid 23 (state R), pid 21 (working)" in reason, reason
     assert reason.endswith("; they work: its workers pid 21 work"), reason
+
+
+def test_of_many_workers_the_one_that_has_not_moved_is_named_first_whatever_its_pid():
+    # four DataLoader workers; three keep decoding batches, the last one forked sleeps in its
+    # __getitem__: the summary's first three must hold the one that has not moved
+    node = Node([P(10, 1), P(11, 10, torchrun_env(0, 1), gpu=0),
+                 *(P(20 + i, 11, cpu_ticks_per_s=100, state="R", wchan="0") for i in range(1, 4)),
+                 P(24, 11, wchan="futex_wait_queue")])
+    node.run(3)
+    node.stack(11, [("torch/utils/data/dataloader.py", "_next_data"), ("train.py", "step")])
+    node.run(3)
+    reason = _reason(node, 11)
+    assert "its DataLoader workers pid 24 (sleeping in futex_wait_queue for 6 s), pid 21 (working)" in reason, reason
+    assert "and 1 more" in reason, reason
 
 
 def test_collectives_that_keep_completing_with_a_rank_that_polls_are_an_idle_server():

@@ -100,7 +100,7 @@ def test_a_runnable_worker_on_a_twentieth_of_a_core_works_on_a_host_short_of_cor
 def test_a_rank_with_three_workers_or_fewer_names_them_all_and_no_more():
     node = _with_workers(100, 0)
     reason = _reason(node, 11)
-    words = "its DataLoader workers pid 21 (working), pid 22 (sleeping in pipe_read for 6 s); they work"
+    words = "its DataLoader workers pid 22 (sleeping in pipe_read for 6 s), pid 21 (working); they work"
     assert words in reason, reason
 
 
