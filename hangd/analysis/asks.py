@@ -35,6 +35,7 @@ def ask_for_evidence(an: Analyzer, jv: JobView) -> None:
             tp.cpu_stack_asked = t
             tp.cpu_stacks_unnamed += not tp.verdict.known and tp.verdict_t is not None
             an.requests.stacks.append((p, False))
+    probe_collectives(an, jv)
     if jv.quiet < th.stack_quiet_s:
         tr.stacks_asked = []
         tr.native_asked = False
@@ -53,6 +54,22 @@ def ask_for_evidence(an: Analyzer, jv: JobView) -> None:
         if tr.fr_asked is None or t - tr.fr_asked > th.fr_rerequest_s:
             tr.fr_asked = t
             an.requests.fr_dumps.extend(live)
+
+
+def probe_collectives(an: Analyzer, jv: JobView) -> None:
+    """Ranks wait in a collective for ranks that do no work: an idle server whose collectives keep
+    completing (empty batches broadcast many times a second), or a hang in the making. A rank that
+    waits spinning, on its GPU or its CPU, never wakes to show which: its flight recorder does. Its
+    dumps are asked for every ``fr_probe_s`` while it is so (a dump does not stop the job)."""
+    tr, t = jv.track, jv.t
+    waiting = [p for p in jv.waiting if p in jv.live]
+    if tr.hung or not waiting or len(waiting) == len(jv.live):
+        return
+    if any(jv.readings[p].local not in (Local.SPINNING, Local.WAITING, Local.QUIET, Local.SERVING) for p in jv.live):
+        return  # a rank works (or loads, compiles, is stopped): the waits are for it
+    if tr.fr_probed is None or t - tr.fr_probed >= an.th.fr_probe_s:
+        tr.fr_probed = t
+        an.requests.fr_dumps.extend(jv.live)
 
 
 def unexplained_cpu(an: Analyzer, jv: JobView, pid: int) -> bool:

@@ -48,7 +48,9 @@ def fr_arrived(an: Analyzer, snap: Snapshot, t: float) -> set[str]:
                 created = [e.time_created_ns for e in dump.entries if e.completed and e.time_created_ns]
                 at = min(t, max(created) / 1e9) if created else prev[0] + 0.01
                 an.progress.credit(pid, at, f"flight recorder: completed collectives {old_done} -> {new_done}",
-                                     strong=True)
+                                     strong=True, collectives_per_s=(new_done - old_done) / max(t - prev[0], 0.25))
+            elif t > prev[0]:
+                an.progress.of(pid).collectives_at = None  # none completed since its last dump
         tr.fr[rank] = (t, dump)
         if pid is not None:
             tr.fr_pids[rank] = pid

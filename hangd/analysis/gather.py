@@ -91,19 +91,29 @@ def idle_server(an: Analyzer, jv: JobView) -> tuple[bool, str]:
                Local.WORKER_WAIT, Local.IO_WAIT)
     if any(jv.readings[p].local in working for p in live):
         return False, ""
-    if jv.last_strong is not None and t - jv.last_strong <= an.th.stack_quiet_s:
+    work = an.progress.job_last_work(live)
+    if work is not None and t - work <= an.th.stack_quiet_s:
         return False, ""  # something does work: the waits are for it
-    completing = [p for p in waiting if collectives_complete(an, p, jv)]
+    completing = [r for p in waiting if (r := collectives_complete(an, p, jv, work)) is not None]
     if not completing:
         return False, ""
     coord = ", ".join(str(job.ranks[o]) for o in jv.by_rank(others))
     return True, (f"idle server: the collectives with rank {coord} keep completing "
-                  f"({jv.sigs[completing[0]].wakes_per_s or 0:.0f} a second) and no rank works")
+                  f"({max(completing):.0f} a second) and no rank works")
 
-def collectives_complete(an: Analyzer, pid: int, jv: JobView) -> bool:
-    """Blocked in a collective whose main thread keeps waking: the collectives complete."""
-    s = jv.sigs[pid]
-    return an._last_wait(pid, s, jv.t) == "collective" and (s.wakes_per_s or 0) >= an.th.wake_per_s
+def collectives_complete(an: Analyzer, pid: int, jv: JobView, work: float | None) -> float | None:
+    """How many a second its collectives complete while it waits in one, or None: its main
+    thread keeps waking inside the collective, or its flight recorder's completed seq advanced
+    within ``collectives_seen_s`` and after the job's last work (``work``): collectives that
+    completed while ranks worked are the work's own (a rank that waits spinning on its GPU or its
+    CPU never wakes)."""
+    s, p = jv.sigs[pid], an.progress.of(pid)
+    if an._last_wait(pid, s, jv.t) == "collective" and (s.wakes_per_s or 0) >= an.th.wake_per_s:
+        return s.wakes_per_s
+    if p.collectives_at is not None and jv.t - p.collectives_at <= an.th.collectives_seen_s and p.collectives_per_s \
+            and (work is None or p.collectives_at > work):
+        return p.collectives_per_s
+    return None
 
 def evidence(an: Analyzer, pid: int, jv: JobView, facts: dict[str, Any], orphaned: bool) -> rankstate.Evidence:
     """The record ``rankstate.decide`` judges: per source whether the rank moved, what it

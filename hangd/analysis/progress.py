@@ -32,9 +32,14 @@ class Progress:
     last: float | None = None  # any progress
     last_strong: float | None = None
     why: str = ""
-    strong_secs: deque[int] = field(default_factory=lambda: deque(maxlen=300))  # seconds with strong progress
+    strong_secs: deque[int] = field(default_factory=lambda: deque(maxlen=300))  # seconds with strong progress of work
     io_since: float | None = None
     chars_since: float | None = None
+    # when its flight recorder last showed its collectives completing, and how many a second (None
+    # once a newer dump shows none more); and its last strong progress that was work, not them
+    collectives_at: float | None = None
+    collectives_per_s: float | None = None
+    last_work: float | None = None
 
     def recent(self, t: float, within: float) -> bool:
         return self.last_strong is not None and t - self.last_strong <= within
@@ -56,14 +61,21 @@ class ProgressBook:
     def forget(self, pid: int) -> None:
         self.by_pid.pop(pid, None)
 
-    def credit(self, pid: int, t: float, why: str, strong: bool) -> None:
+    def credit(self, pid: int, t: float, why: str, strong: bool, collectives_per_s: float | None = None) -> None:
+        """Progress at ``t``; ``collectives_per_s`` where what moved is its collectives completing
+        (at that rate), not work of its own."""
         p = self.of(pid)
         if p.last is None or t >= p.last:
             p.last, p.why = t, why
         if strong and (p.last_strong is None or t >= p.last_strong):
             p.last_strong = t
-        if strong and (not p.strong_secs or int(t) > p.strong_secs[-1]):
-            p.strong_secs.append(int(t))
+        if collectives_per_s is not None:
+            if p.collectives_at is None or t >= p.collectives_at:
+                p.collectives_at, p.collectives_per_s = t, collectives_per_s
+        elif strong and (p.last_work is None or t >= p.last_work):
+            p.last_work = t
+        if strong and collectives_per_s is None and (not p.strong_secs or int(t) > p.strong_secs[-1]):
+            p.strong_secs.append(int(t))  # seconds it worked: a straggler's peers still progress
 
     def observe(self, pid: int, s: ProcSignals, t: float, last_wait: str | None) -> None:
         """Credit what moved in this process's signals at ``t``. ``last_wait`` is the kind of wait
@@ -134,6 +146,10 @@ class ProgressBook:
         lasts = [x for p in pids if (x := self.of(p).last) is not None]
         strong = [x for p in pids if (x := self.of(p).last_strong) is not None]
         return (max(lasts) if lasts else None), (max(strong) if strong else None)
+
+    def job_last_work(self, pids: list[int]) -> float | None:
+        """The last strong progress over ``pids`` that was work, not collectives completing."""
+        return max((x for p in pids if (x := self.of(p).last_work) is not None), default=None)
 
     def why_strongest(self, pids: list[int]) -> str:
         best = max(pids, key=lambda p: self.of(p).last_strong or 0)

@@ -118,6 +118,11 @@ class Thresholds:
     stack_recapture_s: float = 300.0  # a quiet job's stacks are taken again this often
     cpu_stack_every_s: float = 30.0  # ... and a rank's on the CPU with no GPU work and no fresh stack (what it does)
     fr_rerequest_s: float = 60.0  # flight-recorder dumps of a hung job are asked for again this often
+    # a job where some ranks wait in a collective and none works (an idle server broadcasting empty
+    # batches, or a hang in the making): its dumps are asked for this often, for whether its
+    # collectives still complete; a completion seen in a dump counts this long (past the next dump)
+    fr_probe_s: float = 5.0
+    collectives_seen_s: float = 12.0
     log_recent_s: float = 3.0  # a phase named by a log line holds this long
     exception_lookback_s: float = 300.0  # an exception in a log this long before a hang may be its cause
     straggler_quiet_after_s: float = 60.0  # a straggler incident resolves after this long without waits

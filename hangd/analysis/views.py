@@ -71,6 +71,7 @@ class JobTrack:
     stacks_asked: list[float] = field(default_factory=list)
     native_asked: bool = False
     fr_asked: float | None = None
+    fr_probed: float | None = None  # dumps last asked for whether its collectives still complete
     episode: frozenset[int] | None = None
     episode_start: float = 0.0
     episodes: deque[tuple[float, frozenset[int]]] = field(default_factory=lambda: deque(maxlen=64))

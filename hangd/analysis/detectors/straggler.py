@@ -17,7 +17,10 @@ def track_episodes(env: Env, jv: JobView) -> None:
     """Who waits for whom this second (also used by the state decision)."""
     tr, t = jv.track, jv.t
     waiting = jv.waiting
-    culprits = frozenset(p for p in jv.live if p not in waiting and p not in jv.serving) if waiting else None
+    # a rank that waits for requests, or whose job was last judged an idle server (its collectives
+    # keep completing and nobody works: the others wait for its next empty batch), keeps nobody waiting
+    serving = jv.serving | {p for p in jv.live if (tp := env.tracks.get(p)) is not None and tp.rule == "idle_server"}
+    culprits = frozenset(p for p in jv.live if p not in waiting and p not in serving) if waiting else None
     if culprits is not None and not tr.hung:
         if tr.episode != culprits:
             tr.episode, tr.episode_start = culprits, t

@@ -1,0 +1,103 @@
+"""An idle NCCL server whose waiting rank never wakes: rank 0 polls an empty queue and broadcasts an
+empty batch many times a second; rank 1 waits in each broadcast spinning (on its GPU and, synchronizing,
+on its CPU), so its main thread shows no wake-ups. Only its flight recorder says the collectives keep
+completing: the dumps hangd asks for while ranks wait on ranks that do no work."""
+
+from __future__ import annotations
+
+from hangd.flightrec.reader import Dump, Entry
+from hangd.snapshot import FrDump
+
+from .builders import Node, P, torchrun_env
+
+BCAST = [("torch/distributed/distributed_c10d.py", "broadcast"), ("server.py", "event_loop")]
+POLL = [("threading.py", "wait"), ("queue.py", "get"), ("server.py", "event_loop")]
+
+
+def _dump(rank: int, done: int, at: float) -> Dump:
+    """A rank's dump: broadcasts #1..#done completed, #done+1 in flight; the last one created at ``at``."""
+    entries = [Entry(record_id=s - 1, pg="0", pg_id=0, seq=s, p2p_seq=0, op="nccl:broadcast",
+                     state="completed" if s <= done else "scheduled", completed=s <= done,
+                     input_sizes=[[8]], input_dtypes=["Long"], output_sizes=[[8]], is_p2p=False, frames=[],
+                     time_created_ns=int((at - (done + 1 - s) * 0.05) * 1e9), timeout_ms=None)
+               for s in range(max(1, done - 40), done + 2)]
+    return Dump(rank=rank, version="2.10", encoding="pickle",
+                pg_config={"0": {"pg_id": "0", "desc": "default_pg", "ranks": [0, 1]}},
+                pg_status={"0": {"last_enqueued_collective": done + 1, "last_completed_collective": done}},
+                entries=entries)
+
+
+def _server() -> Node:
+    node = Node([P(10, 1),
+                 P(11, 10, torchrun_env(0, 2), gpu=0, wchan="hrtimer_nanosleep", vol_per_s=17, cpu_ticks_per_s=20),
+                 P(12, 10, torchrun_env(1, 2), gpu=1, look="spin", state="R", wchan="0", cpu_ticks_per_s=200)])
+    node.run(3)
+    node.stack(12, BCAST)
+    node.run(1)
+    return node
+
+
+def _serve(node: Node, seconds: int, rate: float, done: dict[int, int], asks: list[float] | None = None) -> None:
+    """Run ``seconds``, a dump of each rank every 5 s, ``rate`` broadcasts a second between dumps."""
+    for _ in range(seconds):
+        for _ in range(int(node.hz)):
+            node.tick()
+        if round(node.t) % 5 == 0:
+            for r in (0, 1):
+                done[r] += int(rate * 5)
+                node.pending_fr.append(FrDump(pid=11 + r, rank=r, format="pickle", path=f"/fr/rank_{r}",
+                                              dump=_dump(r, done[r], node.t)))
+
+
+def _reason(node: Node, pid: int) -> str:
+    return next(p["reason"] for p in node.an.processes() if p["pid"] == pid)
+
+
+def test_collectives_a_flight_recorder_sees_completing_with_no_rank_working_are_an_idle_server():
+    node = _server()
+    done = {0: 0, 1: 0}
+    _serve(node, 40, 15, done)
+    for pid in (11, 12):
+        assert node.state(pid) == "idle", _reason(node, pid)
+        assert _reason(node, pid).startswith("idle server: the collectives with rank 0 keep completing (15 a second)"), \
+            _reason(node, pid)
+    assert node.kinds() == [], [(i.kind, i.summary) for i in node.an.incidents()]
+    # from the second dump on (the first a dump can be compared with), idle and nothing else
+    said = [(c.t, c.pid, c.state) for c in node.changes if c.t >= 1010.0 + 2 * node.an.th.dwell_s]
+    assert all(st == "idle" for _, _, st in said), said
+
+
+def test_collectives_that_stop_completing_are_a_hang_not_an_idle_server():
+    # the same server; then rank 0 never broadcasts again (its dumps stop advancing), while it still
+    # wakes in its poll loop and rank 1 spins in the broadcast it waits in
+    node = _server()
+    done = {0: 0, 1: 0}
+    _serve(node, 30, 15, done)
+    assert node.state(12) == "idle", _reason(node, 12)
+    _serve(node, 40, 0, done)
+    assert node.state(12) != "idle", _reason(node, 12)
+    assert [i.kind for i in node.an.incidents()] == ["nccl_stall"], [(i.kind, i.summary) for i in node.an.incidents()]
+
+
+def test_dumps_are_asked_for_while_ranks_wait_on_ranks_that_do_no_work_and_not_while_one_works():
+    node = _server()
+    asked: list[float] = []
+    take = node.an.take_requests
+
+    def recording():
+        r = take()
+        if r.fr_dumps:
+            asked.append(node.t)
+        return r
+
+    node.an.take_requests = recording  # type: ignore[method-assign]
+    done = {0: 0, 1: 0}
+    _serve(node, 20, 15, done)
+    gaps = [b - a for a, b in zip(asked, asked[1:], strict=False)]
+    assert len(asked) >= 3 and all(g >= node.an.th.fr_probe_s for g in gaps), asked
+    # rank 0 works on its GPU: rank 1 waits for a peer that works, nothing to ask
+    node.procs[11].look, node.procs[11].state = "work", "R"
+    node.run(3)
+    asked.clear()
+    _serve(node, 20, 15, done)
+    assert not asked, asked
