@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from hangd.analysis import hardware
 from hangd.analysis.detectors import Env
-from hangd.analysis.views import JobView
+from hangd.analysis.views import JobTrack, JobView
 from hangd.incidents import Family, IncidentKind
 
 FAMILY = Family.STRAGGLER
@@ -41,13 +41,8 @@ def step(env: Env, jv: JobView) -> None:
         for p in c:
             seconds.setdefault(p, set()).add(sec)
     blamed = {p: len(secs) for p, secs in seconds.items() if p in live}
-    # the waiting ranks must have got through their collectives several times meanwhile
-    first_blame = tr.blame[0][0] if tr.blame else t
-    victims = {p for _, _, w in tr.blame for p in w}
-    progressed = len({sec for p in victims for sec in env.progress.of(p).strong_secs if sec >= first_blame})
-    # ... and recently so: a rank that made them wait for good is a hang in the making
-    recent = any(env.progress.of(p).recent(t, th.straggler_wait_s / 2) for p in victims)
-    worst = [p for p, n in blamed.items() if n >= th.straggler_wait_s] if not tr.hung and progressed >= th.straggler_progressed_secs and recent else []
+    worst = [p for p, n in blamed.items() if n >= th.straggler_wait_s and _kept_waiting(env, tr, p, t)] \
+        if not tr.hung else []
     inc = env.book.get(job.id, FAMILY)
     if worst and inc is None and _hang_within(env, job.id, t - th.straggler_window_s):
         worst = []  # one event, one incident: these waits were the hang's, already reported
@@ -61,7 +56,7 @@ def step(env: Env, jv: JobView) -> None:
         order = jv.by_rank(worst)
         inc.culprit_pids = order
         inc.culprit_ranks = [job.ranks[p] for p in order]
-        waiters = sorted({job.ranks[p] for p in live if p not in worst})
+        waiters = sorted({job.ranks[w] for p in worst for w in _victims(tr, p) if w in job.ranks})
         inc.summary = (f"rank {', '.join(map(str, inc.culprit_ranks))} kept rank{'s' if len(waiters) > 1 else ''} "
                        f"{', '.join(map(str, waiters))} waiting in collectives for {max(blamed[p] for p in worst)} s "
                        f"of the last {th.straggler_window_s:.0f} s while the job still progressed")
@@ -76,6 +71,26 @@ def step(env: Env, jv: JobView) -> None:
     elif not live or tr.hung or not tr.blame or t - tr.blame[-1][0] > th.straggler_quiet_after_s:
         env.book.resolve(inc, t, "the job is gone or hung" if not live or tr.hung else
                          f"no rank has made the others wait for {th.straggler_quiet_after_s:.0f} s")
+
+
+def _victims(tr: JobTrack, pid: int) -> set[int]:
+    """The ranks that waited on ``pid`` in the window (never itself)."""
+    return {w for _, c, ws in tr.blame if pid in c for w in ws} - {pid}
+
+
+def _kept_waiting(env: Env, tr: JobTrack, pid: int, t: float) -> bool:
+    """The ranks that waited on ``pid`` got through their collectives several times meanwhile:
+    progress of theirs between its waits, with waits on it after it (one long wait and the work
+    after it, a rank loading its shards slowly while its peer sits in the barrier after its own
+    load, is a phase, not a straggler); and recently so (a rank that made them wait for good is a
+    hang in the making). Its own progress is not theirs."""
+    secs = [sec for sec, c, _ in tr.blame if pid in c]
+    victims = _victims(tr, pid)
+    if not secs or not victims:
+        return False
+    between = {sec for w in victims for sec in env.progress.of(w).strong_secs if secs[0] + 1 < sec < secs[-1]}
+    return len(between) >= env.th.straggler_progressed_secs \
+        and any(env.progress.of(w).recent(t, env.th.straggler_wait_s / 2) for w in victims)
 
 
 def _hang_within(env: Env, job_id: str, since: float) -> bool:

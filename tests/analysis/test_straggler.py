@@ -1,0 +1,54 @@
+"""A straggler is a rank the others wait for again and again while they still get through their
+steps, not a rank that made them wait once (a slow load, a first compile) and then worked with them."""
+
+from __future__ import annotations
+
+from .builders import Node, P, torchrun_env
+
+
+def _pair() -> Node:
+    node = Node([P(10, 1), P(11, 10, torchrun_env(0, 2), gpu=0, look="work", state="R", cpu_ticks_per_s=100),
+                 P(12, 10, torchrun_env(1, 2), gpu=1, look="work", state="R", cpu_ticks_per_s=100)])
+    node.run(5)
+    return node
+
+
+def _step(node: Node, fast_works_s: float, waits_s: float) -> None:
+    """One training step: both ranks compute, rank 0 finishes first and spins in the all-reduce
+    while rank 1 still computes."""
+    node.procs[11].look = "work"
+    node.run(fast_works_s)
+    node.procs[11].look = "spin"
+    node.run(waits_s)
+
+
+def _stragglers(node: Node) -> list[tuple[str, list[int]]]:
+    return [(i.kind, i.culprit_ranks) for i in node.an.incidents()]
+
+
+def test_a_rank_the_others_wait_for_at_every_step_is_a_straggler():
+    node = _pair()
+    for _ in range(12):
+        _step(node, 1, 2)  # rank 1 takes 3 s a step, rank 0 1 s and waits 2
+    assert _stragglers(node) == [("straggler", [1])], [(i.kind, i.summary) for i in node.an.incidents()]
+    (inc,) = node.an.incidents()
+    assert inc.summary.startswith("rank 1 kept rank 0 waiting in collectives for "), inc.summary
+
+
+def test_a_rank_that_made_the_others_wait_once_and_then_worked_with_them_is_no_straggler():
+    # rank 1 loads for 25 s (its own work) while rank 0 sits in the barrier after its own load;
+    # then both train in step, none waiting on the other longer than a sample
+    node = _pair()
+    _step(node, 0, 25)
+    node.procs[11].look = "work"
+    node.run(40)
+    assert _stragglers(node) == [], [(i.kind, i.summary) for i in node.an.incidents()]
+
+
+def test_waits_that_end_in_a_hang_are_the_hang_s_not_a_straggler_s():
+    node = _pair()
+    _step(node, 1, 2)
+    node.procs[11].look = "spin"
+    node.procs[12].look, node.procs[12].state, node.procs[12].cpu_ticks_per_s = "idle", "S", 0
+    node.run(60)
+    assert [k for k, _ in _stragglers(node)] == ["nccl_stall"], [(i.kind, i.summary) for i in node.an.incidents()]
