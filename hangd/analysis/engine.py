@@ -521,25 +521,27 @@ class Analyzer:
 
 
 # Stack kinds of a wait that is not for a peer: one of its own job (stackcat.OWN_WAIT_KINDS), or a sleep
-NOT_FOR_A_PEER = stackcat.OWN_WAIT_KINDS | {"sleeping"}
+NOT_FOR_A_PEER = stackcat.OWN_WAIT_KINDS | {"sleeping", "request_wait"}
 
 
 def _shared_spins(job: Job, sigs: dict[int, ProcSignals], ctxs: dict[int, Context],
                   readings: dict[int, Reading]) -> None:
     """Ranks of one job on one GPU (two ranks sharing it) each read its spin, NVML's per-process
     samples telling none apart. A rank whose stack still describes it, blocked in a wait of its own
-    (an event, a lock, its workers, a sleep), while a rank it shares the GPU with is in a collective
-    by its stack, is not in that spin: it waits on its own, the spin is the other's."""
-    in_coll = {pid for pid, c in ctxs.items() if c.verdict.kind == "collective"}
+    (an event, a lock, its workers, a sleep) or waiting for requests, while a rank it shares the GPU
+    with may be the one spinning (in a collective by its stack, or spinning with no stack that says
+    it is elsewhere), is not in that spin: it waits on its own, the spin is the other's."""
+    may_spin = {pid for pid, c in ctxs.items() if c.verdict.kind == "collective"
+                or (readings[pid].local == Local.SPINNING and c.verdict.kind not in NOT_FOR_A_PEER)}
     for pid, rd in list(readings.items()):
         s, v = sigs[pid], ctxs[pid].verdict
         if rd.local != Local.SPINNING or not s.gpu_shared or v.kind not in NOT_FOR_A_PEER:
             continue
-        others = [o for o in in_coll if o != pid and set(sigs[o].gpu_indexes) & set(s.gpu_indexes)]
+        others = [o for o in may_spin if o != pid and set(sigs[o].gpu_indexes) & set(s.gpu_indexes)]
         if others:
             who = ", ".join(f"rank {job.ranks[o]}" if o in job.ranks else f"pid {o}" for o in sorted(others))
-            readings[pid] = Reading(Local.QUIET, f"its stack is {v.why} ({v.frame}); the spin on its GPU is "
-                                                 f"{who}'s collective")
+            readings[pid] = Reading(Local.SERVING if v.kind == "request_wait" else Local.QUIET,
+                                    f"its stack is {v.why} ({v.frame}); the spin on its GPU is {who}'s collective")
 
 
 def fresh_compile(p: ProcTrack, state: State) -> bool:

@@ -382,6 +382,22 @@ def test_a_server_caught_between_its_polls_stays_an_idle_server(rank0_cpu: int, 
         assert node.state(11) == "idle" and node.state(12) == "idle"
 
 
+def test_a_server_polling_on_a_gpu_its_waiting_rank_spins_on_is_idle_not_in_the_spin():
+    # both ranks on one GPU: rank 1 spins in the broadcast of each empty batch (no stack that says
+    # where: py-spy came back empty), rank 0 polls its request queue. NVML gives the GPU's spin to
+    # both; rank 0's stack says it waits for requests: the spin is rank 1's, and the job is an idle
+    # server, not two ranks in a collective (seen: a false nccl_stall on spawn-serve_poll-none)
+    r0 = P(11, 10, torchrun_env(0, 2), gpu=0, look="spin", vol_per_s=17, cpu_ticks_per_s=20)
+    r1 = P(12, 10, torchrun_env(1, 2), gpu=0, look="spin", state="R", wchan="0", cpu_ticks_per_s=200)
+    node = Node([P(10, 1), r0, r1])
+    node.run(5)
+    node.pending_stacks.append(_server_stack(11, POLL))
+    node.run(40)
+    assert node.kinds() == [], [(i.kind, i.summary) for i in node.an.incidents()]
+    assert node.state(11) == "idle" and node.state(12) == "idle", (node.an.tracks[11].reason, node.an.tracks[12].reason)
+    assert "the spin on its GPU is rank 1's collective" in node.an.tracks[11].reason, node.an.tracks[11].reason
+
+
 @pytest.mark.parametrize("rank0_stack, culprit", [(COLL, [1]), (EVENT, None)], ids=["rank0_in_a_collective", "no_collective_stack"])
 def test_two_ranks_sharing_a_gpu_the_one_blocked_on_its_own_is_not_in_the_spin(rank0_stack, culprit):
     # two ranks on one GPU (each its own NCCL_HOSTID): the GPU spins, NVML tells no one's share.
