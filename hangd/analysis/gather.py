@@ -124,7 +124,9 @@ def evidence(an: Analyzer, pid: int, jv: JobView, facts: dict[str, Any], orphane
     progress, how = progress_record(an, pid, s, t)
     waiting_on, detail = waits_on(an, pid, jv)
     loc = rd.local
-    peers = [w for w in waiting if w != pid]
+    # peers in a collective (a rank that waits in its start-up's rendezvous waits for the job to
+    # form, for no one rank)
+    peers = [w for w in waiting if w != pid and not store_wait(an, w)]
     peers_wait = ", ".join(str(job.ranks[w]) for w in jv.by_rank(peers)) \
         if peers and pid not in waiting and pid not in serving else ""
     it_waits_for = ", ".join(str(job.ranks[o]) for o in jv.by_rank([o for o in jv.live if o != pid and o not in waiting])) \
@@ -144,6 +146,11 @@ def evidence(an: Analyzer, pid: int, jv: JobView, facts: dict[str, Any], orphane
         hold=(facts["hold"] or (worker_stuck and jv.quiet < 2 * an.th.hang_host_s)) and not compile_over(held[0], loc)
         and not waits_for_the_gone(jv, loc),
         peers_wait_for_it=peers_wait, it_waits_for=it_waits_for)
+
+def store_wait(an: Analyzer, pid: int) -> bool:
+    """Its wait is on the rendezvous store (its stack or its descriptors say so), not in a collective."""
+    p = an._track(pid)
+    return p.verdict.kind == "store" or (p.other_end is not None and p.other_end.store)
 
 def shown_at_progress(an: Analyzer, pid: int, t: float) -> tuple[State | None, str]:
     """The state a hold keeps: the one it was shown in when it last progressed. A state shown since

@@ -168,7 +168,7 @@ TABLE: tuple[Row, ...] = (
         "the hang threshold, not a pattern (unless every rank waits), not yet explained by a stack and not a wait in a "
         "job a rank of which exited", "previous", _hold),
     Row("waits_for_peer", "it waits in a collective or the rendezvous store", State.WAITING_PEER, _waits_for_peer),
-    Row("holds_others_up", "peers wait for it in a collective and no work of its own explains it",
+    Row("holds_others_up", "peers wait for it in a collective (not in the rendezvous store) and no work of its own explains it",
         State.STRAGGLER, _holds_others_up),
     Row("workers_work", "it waits on workers of its own that work (a DataLoader filling its queue)", State.BUSY,
         _workers_work),

@@ -52,3 +52,16 @@ def test_waits_that_end_in_a_hang_are_the_hang_s_not_a_straggler_s():
     node.procs[12].look, node.procs[12].state, node.procs[12].cpu_ticks_per_s = "idle", "S", 0
     node.run(60)
     assert [k for k, _ in _stragglers(node)] == ["nccl_stall"], [(i.kind, i.summary) for i in node.an.incidents()]
+
+
+def test_a_rank_still_starting_while_its_peer_waits_in_the_rendezvous_is_no_straggler():
+    # rank 0 is up and waits in the start-up's rendezvous store for rank 1, still importing on a
+    # core: rank 0 waits for the job to form, not in a collective for rank 1
+    node = Node([P(10, 1), P(11, 10, torchrun_env(0, 2), wchan="futex_do_wait", dist_threads=["gloo"]),
+                 P(12, 10, torchrun_env(1, 2), state="R", cpu_ticks_per_s=100, dist_threads=["gloo"])])
+    node.run(2)
+    node.stack(11, [("torch/distributed/rendezvous.py", "_create_c10d_store"), ("train.py", "main")])
+    node.run(10)  # within hang_host_s: a start-up this silent for longer is a hang of its own
+    said = {c.state for c in node.changes if c.pid == 12}
+    assert "straggler" not in said, [(c.t, c.state, c.reason) for c in node.changes if c.pid == 12]
+    assert _stragglers(node) == [], [(i.kind, i.summary) for i in node.an.incidents()]
