@@ -529,8 +529,8 @@ def _shared_spins(job: Job, sigs: dict[int, ProcSignals], ctxs: dict[int, Contex
     """Ranks of one job on one GPU (two ranks sharing it) each read its spin, NVML's per-process
     samples telling none apart. A rank whose stack still describes it, blocked in a wait of its own
     (an event, a lock, its workers, a sleep) or waiting for requests, while a rank it shares the GPU
-    with may be the one spinning (in a collective by its stack, or spinning with no stack that says
-    it is elsewhere), is not in that spin: it waits on its own, the spin is the other's."""
+    with may be the one spinning (in a collective by its stack, or spinning with no stack that
+    places it in a wait of its own or a wait for requests), is not in that spin: it waits on its own, the spin is the other's."""
     may_spin = {pid for pid, c in ctxs.items() if c.verdict.kind == "collective"
                 or (readings[pid].local == Local.SPINNING and c.verdict.kind not in NOT_FOR_A_PEER)}
     for pid, rd in list(readings.items()):

@@ -112,6 +112,9 @@ def fr_analyze(an: Analyzer, job_id: str, t: float) -> None:
 
 def fr_finding(an: Analyzer, job_id: str, tr: JobTrack, f: Finding, t: float) -> None:
     key = _fr_key(f)
+    if f.kind in (FindingKind.MISSING_RANK, FindingKind.STUCK) and job_progressing(an, job_id, t):
+        return  # a dump of a job that still progresses catches collectives in flight
+    tr.finding_at[key[:3]] = t  # shown again: still so, now
     wider = None
     if key in tr.fr_keys:
         # the same finding over more ranks (the other nodes' dumps came after this node's own)
@@ -119,12 +122,14 @@ def fr_finding(an: Analyzer, job_id: str, tr: JobTrack, f: Finding, t: float) ->
         wider = next((i for i, x in enumerate(tr.findings) if _fr_key(x) == key and _fr_width(x) < _fr_width(f)), None)
         if wider is None:
             return
-    if f.kind in (FindingKind.MISSING_RANK, FindingKind.STUCK) and job_progressing(an, job_id, t):
-        return  # a dump of a job that still progresses catches collectives in flight
     tr.fr_keys.add(key)
     f.source = "flight_recorder"
     if wider is None:
         tr.findings.append(f)
+        while len(tr.findings) > an.th.fr_findings_kept:
+            old = tr.findings.pop(0)
+            tr.fr_keys.discard(_fr_key(old))
+            tr.finding_at.pop(_fr_key(old)[:3], None)
     else:
         tr.findings[wider] = f
     an._finding({"t": round(t, 3), "job": job_id, **f.to_dict()})

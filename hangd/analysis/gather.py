@@ -260,7 +260,14 @@ def waits_on(an: Analyzer, pid: int, jv: JobView) -> tuple[rankstate.WaitsOn, st
         if not kids:
             return W.OWN_WORKER, "a thread of its own"
         still = {c: still_for(an, c, jv.t) for c in kids}
-        kids.sort(key=lambda c: (an.view.cpu_works(c, jv.t), -(still[c] or 0.0)))
+
+        def moved_at(c: int) -> float:
+            """When it last moved: its main thread's last wake-up (kept however long ago), else
+            its CPU time's last change within the readings kept."""
+            woke = an.view.procs[c].woke_at
+            return woke if woke is not None else jv.t - (still[c] or 0.0)
+
+        kids.sort(key=lambda c: (an.view.cpu_works(c, jv.t), moved_at(c)))
         words = []
         for c in kids[:3]:
             lp = an.view.procs[c].latest()

@@ -90,6 +90,14 @@ def exception_lines(text: str) -> list[str]:
     return out
 
 
+def _unfinished_exception(tail: str) -> str:
+    """The exception line a log's last, unfinished line is (no newline after it), or ""."""
+    if not tail or tail.endswith("\n"):
+        return ""
+    found = exception_lines(tail)
+    return found[-1] if found and found[-1] == tail.rsplit("\n", 1)[-1].strip()[:500] else ""
+
+
 @dataclass
 class ProcHistory:
     pid: int
@@ -244,7 +252,7 @@ class NodeView:
                 # judge whole lines: back up to the start of the line the new bytes continue
                 nl = f.tail.rfind("\n", 0, start)
                 new = f.tail[nl + 1 :] if start > 0 else f.tail
-                if start > 0 and nl < 0:  # the line began before the tail we have: drop the fragment
+                if start > 0 and nl < 0 and len(f.tail) < f.size:  # the line began before the tail we have: drop it
                     new = new.partition("\n")[2]
                 # an unfinished last line is judged when it is complete
                 new = new[: new.rfind("\n") + 1]
@@ -260,17 +268,17 @@ class NodeView:
                 else:
                     st.exceptions.append((t, line))
             st.unfinished = None
-        elif st.size is not None and f.size == st.size and f.tail and not f.tail.endswith("\n") \
-                and st.unfinished is None and t - (st.changed_at or t) >= self.th.log_unfinished_line_s:
-            # the last line never got its newline: judge it as it stands, once, as of when it was written
-            last = f.tail.rsplit("\n", 1)[-1].strip()[:500]
-            found = exception_lines(f.tail)
-            st.unfinished = found[-1] if found and found[-1] == last else ""
+        elif st.size is not None and f.size == st.size and st.unfinished is None \
+                and t - (st.changed_at or t) >= self.th.log_unfinished_line_s:
+            # the last line never got its newline: judge it as it stands, once, as of when it was
+            # written (a live source sends no tail while the size stands still: the one kept)
+            st.unfinished = _unfinished_exception(f.tail if f.tail is not None else st.tail)
             if st.unfinished:
                 st.exceptions.append((st.changed_at, st.unfinished))
         elif st.size is None and f.tail:
             for line in exception_lines(f.tail)[-3:]:
                 st.exceptions.append((None, line))
+            st.unfinished = _unfinished_exception(f.tail)  # already judged, as of before hangd read it
         if f.tail is not None:
             st.tail = f.tail
         if f.size != st.size:

@@ -122,6 +122,7 @@ class Thresholds:
     # batches, or a hang in the making): its dumps are asked for this often, for whether its
     # collectives still complete; a completion seen in a dump counts this long (past the next dump)
     fr_probe_s: float = 5.0
+    fr_findings_kept: int = 64  # cross-rank findings kept per job (a server probed all day makes many)
     collectives_seen_s: float = 12.0
     log_recent_s: float = 3.0  # a phase named by a log line holds this long
     exception_lookback_s: float = 300.0  # an exception in a log this long before a hang may be its cause
@@ -145,9 +146,9 @@ class Thresholds:
     incident_refresh_s: float = REFRESH_S
     timeline_kept: int = TIMELINE_KEPT
     # stragglers: a wait is a pattern when at least this many earlier waits of the same ranks fell in
-    # straggler_window_s (one earlier blip is not one), and is blamed only while the waiting ranks
-    # progressed in at least this many distinct seconds since the first wait (they do get through;
-    # the recorded straggler traces, tests/data/traces, show it every step)
+    # straggler_window_s (one earlier blip is not one), and is blamed only while the ranks that waited
+    # on it worked in at least this many distinct seconds between its first and its last wait (they
+    # do get through; the recorded straggler traces, tests/data/traces, show it every step)
     straggler_recurring: int = 2
     straggler_progressed_secs: int = 3
     # memory: readings kept per process, 120: the widest window (io_window_s) at 4 readings a second

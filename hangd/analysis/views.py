@@ -83,6 +83,9 @@ class JobTrack:
     # (kind, pg, seq, the nodes a node_silent finding names): a finding is attached once
     fr_keys: set[tuple[str, str | None, int | None, tuple[str, ...]]] = field(default_factory=set)
     findings: list[Any] = field(default_factory=list)  # flightrec Findings
+    # (kind, pg, seq) of a finding -> when dumps last showed it: a finding of dumps taken before the
+    # job last progressed (collectives in flight as a healthy job dumped) is no evidence of its hang
+    finding_at: dict[tuple[Any, ...], float] = field(default_factory=dict)
     culprit: Culprit | None = None
     # NCCL RAS's newest word on the job's communicators: (time, pids of the ranks behind, in words)
     ras: tuple[float, list[int], str] | None = None

@@ -129,6 +129,33 @@ def test_a_traceback_whose_last_line_lacks_its_newline_is_judged_once_as_of_when
     assert [(round(at or 0, 2), line) for at, line in fs.exceptions] == [(round(written, 2), said)]
 
 
+def test_an_unfinished_traceback_is_judged_live_where_no_tail_comes_while_the_size_stands_still():
+    # the live source sends a log's tail only when its size changed: the tail kept is judged
+    from hangd.analysis.engine import Analyzer
+    from hangd.snapshot import FileSample
+
+    an = Analyzer()
+    text = 'step 1\nTraceback (most recent call last):\n  File "w.py", line 3\nValueError: bad shape (4x1'
+    an.step(Snapshot(t=1000.0, files=[FileSample(path="/j/r.log", size=7, tail="step 1\n")]))
+    an.step(Snapshot(t=1000.5, files=[FileSample(path="/j/r.log", size=len(text), tail=text)]))
+    for i in range(12):
+        an.step(Snapshot(t=1001.0 + 0.25 * i, files=[FileSample(path="/j/r.log", size=len(text), tail=None)]))
+    assert list(an.view.files["/j/r.log"].exceptions) == [(1000.5, "ValueError: bad shape (4x1")]
+
+
+def test_an_unfinished_exception_already_there_when_first_read_stays_of_an_unknown_time():
+    from hangd.analysis.engine import Analyzer
+    from hangd.snapshot import FileSample
+
+    an = Analyzer()
+    text = "ValueError: old one (4x1"
+    for i in range(12):
+        an.step(Snapshot(t=1000.0 + 0.25 * i, files=[FileSample(path="/j/r.log", size=len(text), tail=text)]))
+    done = text + "6)\nstep 2\n"
+    an.step(Snapshot(t=1004.0, files=[FileSample(path="/j/r.log", size=len(done), tail=done)]))
+    assert list(an.view.files["/j/r.log"].exceptions) == [(None, "ValueError: old one (4x16)")]
+
+
 def test_an_exception_line_in_a_log_is_not_progress():
     from hangd.analysis.nodeview import classify_log_lines
 
@@ -919,6 +946,18 @@ def test_of_many_workers_the_one_that_has_not_moved_is_named_first_whatever_its_
     reason = _reason(node, 11)
     assert "its DataLoader workers pid 24 (sleeping in futex_wait_queue for 6 s), pid 21 (working)" in reason, reason
     assert "and 1 more" in reason, reason
+
+
+def test_the_worker_blocked_longest_is_named_first_long_after_the_readings_kept():
+    # two workers wake every second in their index-queue reads; the last one forked blocked in its
+    # __getitem__ and never wakes: still the first named a minute on
+    node = Node([P(10, 1), P(11, 10, torchrun_env(0, 1), gpu=0),
+                 P(21, 11, wchan="futex_wait_queue", vol_per_s=1), P(22, 11, wchan="futex_wait_queue", vol_per_s=1),
+                 P(23, 11, wchan="futex_wait_queue")])
+    node.run(3)
+    node.stack(11, [("torch/utils/data/dataloader.py", "_next_data"), ("train.py", "step")])
+    node.run(60)
+    assert "its DataLoader workers pid 23 (sleeping in futex_wait_queue" in _reason(node, 11), _reason(node, 11)
 
 
 def test_collectives_that_keep_completing_with_a_rank_that_polls_are_an_idle_server():

@@ -101,3 +101,18 @@ def test_dumps_are_asked_for_while_ranks_wait_on_ranks_that_do_no_work_and_not_w
     asked.clear()
     _serve(node, 20, 15, done)
     assert not asked, asked
+
+
+def test_a_flight_recorder_finding_of_dumps_taken_while_the_job_still_worked_names_no_culprit_of_a_later_stall():
+    # a probe's dumps catch rank 0 a broadcast ahead of rank 1 (in flight, both fine): "rank 1 never
+    # entered broadcast #466". A later stall of the job is judged on dumps taken since it last progressed
+    from hangd.analysis.detectors.hang import _of_this_stall
+    from hangd.analysis.views import JobTrack
+    from hangd.flightrec.analyze import Finding, FindingKind
+
+    node = _server()
+    tr = JobTrack()
+    f = Finding(kind=FindingKind.MISSING_RANK, pg="0", seq=466, op="nccl:broadcast", ranks=[0], missing_ranks=[1])
+    tr.finding_at[(f.kind, f.pg, f.seq)] = 1010.0
+    assert _of_this_stall(tr, f, 1009.0, node.an.env)  # dumps since its last progress: this stall's
+    assert not _of_this_stall(tr, f, 1030.0, node.an.env)  # the job worked since: not this stall's

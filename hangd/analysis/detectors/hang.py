@@ -15,8 +15,8 @@ from hangd.analysis import hardware, report, stackcat
 from hangd.analysis.detectors import Env
 from hangd.analysis.local import WAIT_VERDICTS
 from hangd.analysis.model import Local, Strength
-from hangd.analysis.views import Culprit, JobView
-from hangd.flightrec.analyze import FindingKind
+from hangd.analysis.views import Culprit, JobTrack, JobView
+from hangd.flightrec.analyze import Finding, FindingKind
 from hangd.incidents import HANG_KINDS, Family, Incident, IncidentKind
 from hangd.snapshot import RemoteRank
 
@@ -133,11 +133,18 @@ DIVERGED_HINT = ("The ranks make different collectives: every rank must make the
                  "TORCH_DISTRIBUTED_DEBUG=DETAIL reports mismatched collectives as they happen.")
 
 
+def _of_this_stall(tr: JobTrack, f: Finding, last_progress: float, env: Env) -> bool:
+    """A finding shown by dumps taken since the job last progressed (a window's slack): one of
+    dumps taken while it still worked (collectives in flight) is not evidence of this stall."""
+    at = tr.finding_at.get((f.kind, f.pg, f.seq))
+    return at is None or at >= last_progress - env.th.window_s
+
+
 def _culprit(env: Env, jv: JobView) -> Culprit | None:
     """The strongest evidence this tick of who the others wait for."""
     job, tr = jv.job, jv.track
     rank_pid = job.rank_pid()
-    missing = [f for f in tr.findings if f.kind == FindingKind.MISSING_RANK]
+    missing = [f for f in tr.findings if f.kind == FindingKind.MISSING_RANK and _of_this_stall(tr, f, jv.last_progress, env)]
     if missing:
         f = missing[-1]  # the newest: one of an earlier hang of the job names who was missing then
         # a missing rank whose dump another node read is that node's rank, not this node's rank of that number
@@ -355,7 +362,8 @@ def fill(env: Env, jv: JobView, inc: object) -> None:
             parts.append(f"rank {job.ranks[p]} lost a thread at {report.clock(s.threads_lost_at)} "
                          f"({s.threads_before} -> {s.threads_after} threads)")
     # the newest: one of an earlier hang of the job names who was missing then
-    missing = next((f for f in reversed(tr.findings) if f.kind == FindingKind.MISSING_RANK), None)
+    missing = next((f for f in reversed(tr.findings) if f.kind == FindingKind.MISSING_RANK
+                    and _of_this_stall(tr, f, jv.last_progress, env)), None)
     if missing is not None:
         parts.insert(0, "Flight recorder: " + missing.message)
     exc = report.exceptions(env.view, job, (inc.hang_started_at or jv.t) - env.th.exception_lookback_s)

@@ -90,7 +90,7 @@ def _kept_waiting(env: Env, tr: JobTrack, pid: int, t: float) -> bool:
         return False
     between = {sec for w in victims for sec in env.progress.of(w).strong_secs if secs[0] + 1 < sec < secs[-1]}
     return len(between) >= env.th.straggler_progressed_secs \
-        and any(env.progress.of(w).recent(t, env.th.straggler_wait_s / 2) for w in victims)
+        and any((x := env.progress.of(w).last_work) is not None and t - x <= env.th.straggler_wait_s / 2 for w in victims)
 
 
 def _hang_within(env: Env, job_id: str, since: float) -> bool:
