@@ -21,6 +21,9 @@ class Requests:
 
     stacks: list[tuple[int, bool]] = field(default_factory=list)  # (pid, native)
     fr_dumps: list[int] = field(default_factory=list)
+    # dumps asked to see whether collectives still complete (no hang judged): of ranks with a dump
+    # pipe only, and nothing said of the others
+    fr_probes: list[int] = field(default_factory=list)
     ras: bool = False  # ask NCCL's RAS thread for its view
 
 

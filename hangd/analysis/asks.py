@@ -69,7 +69,7 @@ def probe_collectives(an: Analyzer, jv: JobView) -> None:
         return  # a rank works (or loads, compiles, is stopped): the waits are for it
     if tr.fr_probed is None or t - tr.fr_probed >= an.th.fr_probe_s:
         tr.fr_probed = t
-        an.requests.fr_dumps.extend(jv.live)
+        an.requests.fr_probes.extend(jv.live)
 
 
 def unexplained_cpu(an: Analyzer, jv: JobView, pid: int) -> bool:

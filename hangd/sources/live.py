@@ -55,6 +55,7 @@ class LiveNode:
     def request(self, req: Requests) -> None:
         self._pending.extend(req.stacks)
         self._pending_fr.extend(req.fr_dumps)
+        self._pending_fr.extend(p for p in req.fr_probes if self.flight.has_pipe(p))
         if req.ras and (self._ras is None or self._ras.done()):
             # NCCL's RAS answers for every NCCL process of the node; a stopped rank can make it slow
             self._ras = self._pool.submit(ras.query, ras.DEFAULT_ADDR, 15.0)

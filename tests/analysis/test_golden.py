@@ -76,7 +76,7 @@ def observe(snaps: Iterable[Snapshot]) -> dict[str, Any]:
     for snap in snaps:
         said["changes"] += [c.to_dict() for c in an.step(snap)]
         req = an.take_requests()
-        if req.stacks or req.fr_dumps or req.ras:
+        if req.stacks or req.fr_dumps or req.fr_probes or req.ras:
             said["requests"].append({"t": snap.t, **dataclasses.asdict(req)})
         if snap.t >= next_view:
             said["views"].append({"t": snap.t, "processes": an.processes(), "jobs": an.jobs(), "gpus": an.gpus()})

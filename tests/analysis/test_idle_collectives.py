@@ -86,7 +86,7 @@ def test_dumps_are_asked_for_while_ranks_wait_on_ranks_that_do_no_work_and_not_w
 
     def recording():
         r = take()
-        if r.fr_dumps:
+        if r.fr_probes:
             asked.append(node.t)
         return r
 
