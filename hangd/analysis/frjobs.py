@@ -41,8 +41,10 @@ def fr_arrived(an: Analyzer, snap: Snapshot, t: float) -> set[str]:
             continue
         prev = tr.fr.get(rank)
         if prev is not None and pid is not None:
-            old_done = max((s.get("last_completed_collective") or 0 for s in prev[1].pg_status.values()), default=0)
-            new_done = max((s.get("last_completed_collective") or 0 for s in dump.pg_status.values()), default=0)
+            # the groups it has a collective in flight in, where it has one: a side group that keeps
+            # completing (a health check's all_reduce) says nothing of the group it waits in
+            waits_in = {e.pg for e in dump.entries if not e.completed} & set(dump.pg_status)
+            old_done, new_done = _done(prev[1], waits_in), _done(dump, waits_in)
             if new_done > old_done:
                 # credit when the newest completed collective was issued, not when the dump came
                 created = [e.time_created_ns for e in dump.entries if e.completed and e.time_created_ns]
@@ -59,6 +61,11 @@ def fr_arrived(an: Analyzer, snap: Snapshot, t: float) -> set[str]:
         if an.node_name is not None and job is not None and job.spans_nodes:
             an._fr_out[(job_id, rank)] = (t, dump)
     return set(by_job)
+
+def _done(dump: Any, pgs: set[str]) -> int:
+    """The highest completed seq of the dump's groups ``pgs`` (all of them when empty)."""
+    return max((s.get("last_completed_collective") or 0 for pg, s in dump.pg_status.items() if not pgs or pg in pgs),
+               default=0)
 
 def remote_dumps_arrived(an: Analyzer, dumps: list[RemoteDump]) -> set[str]:
     """Take in the other nodes' dumps; the jobs where one is new (or gone)."""

@@ -116,3 +116,21 @@ def test_a_flight_recorder_finding_of_dumps_taken_while_the_job_still_worked_nam
     tr.finding_at[(f.kind, f.pg, f.seq)] = 1010.0
     assert _of_this_stall(tr, f, 1009.0, node.an.env)  # dumps since its last progress: this stall's
     assert not _of_this_stall(tr, f, 1030.0, node.an.env)  # the job worked since: not this stall's
+
+
+def test_a_side_group_that_keeps_completing_says_nothing_of_the_group_a_rank_waits_in():
+    # rank 1 waits in broadcast #41 of the default group, which never completes; a health check's
+    # all_reduce in another group completes all along: its collectives do not complete
+    from hangd.analysis.frjobs import _done
+
+    base = _dump(1, 40, 1000.0)
+    side = {"1": {"last_enqueued_collective": 900, "last_completed_collective": 900}}
+    before = Dump(rank=1, version="2.10", encoding="pickle", pg_config=base.pg_config,
+                  pg_status={**base.pg_status, **side}, entries=base.entries)
+    side2 = {"1": {"last_enqueued_collective": 990, "last_completed_collective": 990}}
+    after = Dump(rank=1, version="2.10", encoding="pickle", pg_config=base.pg_config,
+                 pg_status={**base.pg_status, **side2}, entries=base.entries)
+    waits_in = {e.pg for e in after.entries if not e.completed}
+    assert waits_in == {"0"}
+    assert _done(before, waits_in) == _done(after, waits_in) == 40
+    assert _done(after, set()) == 990  # no collective in flight: any group's completions count
