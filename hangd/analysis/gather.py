@@ -308,7 +308,7 @@ def first_evidence(an: Analyzer, pid: int, jv: JobView) -> bool:
     lp = an.view.procs[pid].latest()
     pg_up = lp is not None and bool(lp.dist_threads)
     note_gpu_mem(an, pid, jv, pg_up)
-    if loc == Local.WAITING and (p.verdict.kind == "store" or p.other_end is not None and p.other_end.store):
+    if loc == Local.WAITING and store_wait(an, pid):
         return False  # the rendezvous of its start-up: still setting up (a hang says itself)
     if loc == Local.COMPILING and p.verdict.kind == "compile_setup" and not s.compile_children and not pg_up:
         return False  # torch.compile() importing its compiler during start-up: still setting up
