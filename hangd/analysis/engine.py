@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from dataclasses import replace
 from typing import Any
 
 from hangd.analysis import (
@@ -44,7 +45,7 @@ from hangd.analysis.model import (
 )
 from hangd.analysis.nodeview import NodeView, ProcHistory
 from hangd.analysis.progress import ProgressBook
-from hangd.analysis.signals import ProcSignals, proc_signals
+from hangd.analysis.signals import GpuSignals, ProcSignals, proc_signals
 from hangd.analysis.thresholds import Thresholds
 from hangd.analysis.views import JobTrack, JobView, ProcTrack
 from hangd.evidence import Requests, decode_evidence
@@ -388,7 +389,7 @@ class Analyzer:
         died = queue_fed and last is not None and report.exception_as_it_stopped(self.view, job, last, th.window_s)
         ctxs = {pid: self._context(pid, sigs[pid], t, died) for pid in live}
         readings: dict[int, Reading] = {pid: classify(sigs[pid], ctxs[pid], th) for pid in live}
-        _shared_spins(job, sigs, ctxs, readings)
+        _shared_spins(job, sigs, ctxs, readings, th)
         for pid, rd in readings.items():
             tp = self._track(pid)
             tp.reading, tp.job, tp.rank = rd, job.id, job.ranks.get(pid)
@@ -522,26 +523,39 @@ class Analyzer:
 
 # Stack kinds of a wait that is not for a peer: one of its own job (stackcat.OWN_WAIT_KINDS), or a sleep
 NOT_FOR_A_PEER = stackcat.OWN_WAIT_KINDS | {"sleeping", "request_wait"}
-
+# Stacks that may spin a GPU kernel of their own: a collective, the store's set-up, DDP's backward
 
 def _shared_spins(job: Job, sigs: dict[int, ProcSignals], ctxs: dict[int, Context],
-                  readings: dict[int, Reading]) -> None:
-    """Ranks of one job on one GPU (two ranks sharing it) each read its spin, NVML's per-process
-    samples telling none apart. A rank whose stack still describes it, blocked in a wait of its own
-    (an event, a lock, its workers, a sleep) or waiting for requests, while a rank it shares the GPU
-    with may be the one spinning (in a collective by its stack, or spinning with no stack that
-    places it in a wait of its own or a wait for requests), is not in that spin: it waits on its own, the spin is the other's."""
+                  readings: dict[int, Reading], th: Thresholds) -> None:
+    """Ranks of one job on one GPU (two ranks sharing it, or a GPU a process hangd cannot see uses
+    too) each read its spin, NVML's per-process samples telling none apart. The spin is not a rank's:
+    - when its stack still describes it blocked in a wait of its own (an event, a lock, its
+      workers, a sleep) or waiting for requests, while another on its GPU may be the one spinning
+      (a rank in a collective by its stack, or spinning with no stack that places it in a wait of
+      its own or a wait for requests, or a process hangd cannot see);
+    - when it holds its CUDA context alone on that GPU: no NCCL communicator (whose buffers and
+      kernels bring hundreds of MB more), so no collective kernel of its own; its CPU, its bytes
+      and its stack say what it does."""
     may_spin = {pid for pid, c in ctxs.items() if c.verdict.kind == "collective"
                 or (readings[pid].local == Local.SPINNING and c.verdict.kind not in NOT_FOR_A_PEER)}
     for pid, rd in list(readings.items()):
         s, v = sigs[pid], ctxs[pid].verdict
-        if rd.local != Local.SPINNING or not s.gpu_shared or v.kind not in NOT_FOR_A_PEER:
+        if rd.local != Local.SPINNING or not s.gpu_shared:
             continue
         others = [o for o in may_spin if o != pid and set(sigs[o].gpu_indexes) & set(s.gpu_indexes)]
-        if others:
-            who = ", ".join(f"rank {job.ranks[o]}" if o in job.ranks else f"pid {o}" for o in sorted(others))
+        names = [*(f"rank {job.ranks[o]}" if o in job.ranks else f"pid {o}" for o in sorted(others)),
+                 *(["a process hangd cannot see"] if s.gpu_unseen else [])]
+        # "rank 1's collective"; "that of rank 1 or a process hangd cannot see"
+        whose = f"{names[0]}'s collective" if len(names) == 1 and not s.gpu_unseen else \
+            f"that of {' or '.join(names or ['another process'])}"
+        if v.kind in NOT_FOR_A_PEER and names:
             readings[pid] = Reading(Local.SERVING if v.kind == "request_wait" else Local.QUIET,
-                                    f"its stack is {v.why} ({v.frame}); the spin on its GPU is {who}'s collective")
+                                    f"its stack is {v.why} ({v.frame}); the spin on its GPU is {whose}")
+        elif s.gpu_mem <= th.context_gpu_bytes and not s.gpu_sm_named:
+            rd2 = classify(replace(s, gpu=GpuSignals(util=0.0, has_gpm=s.gpu.has_gpm, power_w=s.gpu.power_w),
+                                   gpu_work_at=None), ctxs[pid], th)
+            readings[pid] = Reading(rd2.local, f"{rd2.why}; it holds its CUDA context alone on its GPU "
+                                               f"({s.gpu_mem / 2**20:.0f} MiB): the spin on it is {whose}")
 
 
 def fresh_compile(p: ProcTrack, state: State) -> bool:

@@ -112,6 +112,10 @@ class ProcSignals:
     gpu_work_at: float | None = None  # time of the newest reading with real work
     gpu_shared_idle: bool = False  # it shares its GPU and NVML shows it using none of it
     gpu_shared: bool = False  # another process uses its GPU too
+    # its GPU holds memory that no process hangd sees holds (a process of another container, a job
+    # of another node's namespace): the GPU's activity may be that one's
+    gpu_unseen: bool = False
+    gpu_sm_named: bool = False  # NVML's per-process samples gave it SM time in the window
     log_grew_at: float | None = None  # newest growth of a log that this process wrote itself
     log_grew_shared_at: float | None = None  # newest growth of a log it shares, written by others
     log_kinds: set[str] = field(default_factory=set)
@@ -180,6 +184,16 @@ def _shared(samples: list[GpuSample]) -> bool:
     return any(u.get("pid") not in listed and (u.get("sm") or 0) > 0 for g in samples for u in g.proc_util or [])
 
 
+def _unseen(samples: list[GpuSample], base: float, th: Thresholds) -> bool:
+    """Whether, in most readings of the window, the GPU holds memory beyond the driver's (``base``)
+    that no process NVML lists holds, a CUDA context's worth at least: a process hangd cannot see
+    uses it (NVML lists a container's own processes only, the GPU's memory and utilization are
+    everyone's)."""
+    held = [g.mem_used - sum(p.used or 0 for p in g.procs) - base >= th.unseen_gpu_bytes
+            for g in samples if g.mem_used is not None]
+    return bool(held) and sum(held) >= 0.5 * len(held)
+
+
 def _used_by(pid: int, samples: list[GpuSample]) -> list[int]:
     """GPU memory ``pid`` held in each sample that reports it."""
     out = []
@@ -232,7 +246,10 @@ def proc_signals(view: NodeView, pid: int, t: float, th: Thresholds) -> ProcSign
         # GPU readings (and GPM) are per GPU. When several processes share one (a leftover job, MPS,
         # a second job, a process of another container), the per-process SM utilization says whose
         # the activity is: a process NVML sees no SM time for does not own the GPU's work or spin.
-        sig.gpu_shared = bool(gw) and _shared(gw)
+        sig.gpu_unseen = _unseen(gw, min(view.gpu_baseline.get(main, th.unattributed_base_bytes),
+                                         th.unattributed_base_bytes), th)
+        sig.gpu_shared = bool(gw) and (_shared(gw) or sig.gpu_unseen)
+        sig.gpu_sm_named = any(u.get("pid") == pid and (u.get("sm") or 0) > 0 for g in gw for u in g.proc_util or [])
         if sig.gpu_shared and not _uses_gpu(pid, gw):
             sig.gpu = GpuSignals(util=0.0, has_gpm=sig.gpu.has_gpm, power_w=sig.gpu.power_w)
             sig.gpu_work_at = None

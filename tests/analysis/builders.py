@@ -79,6 +79,8 @@ class Node:
         self.remote_dumps = None
         self.pending_fr: list = []  # this node's flight-recorder dumps (FrDump) for the next tick
         self.name: str | None = None  # the node's name among nodes sharing a store
+        # processes NVML does not list (another container's): GPU index -> (bytes held, look)
+        self.hidden: dict[int, tuple[int, str]] = {}
 
     def write_log(self, path: str, text: str) -> None:
         self.logs[path] = self.logs.get(path, 0) + len(text)
@@ -107,9 +109,11 @@ class Node:
                 by_gpu.setdefault(p.gpu, []).append(p)
         for idx in sorted({p.gpu for p in self.procs.values() if p.gpu is not None} | {0}):
             holders = by_gpu.get(idx, [])
-            looks = [GPU_LOOK[h.look] for h in holders] or [GPU_LOOK["idle"]]
-            util, power, gpm = max(looks, key=lambda x: x[1])
-            snap.gpus.append(GpuSample(index=idx, util_gpu=util, util_mem=0, mem_used=sum(h.gpu_mem for h in holders),
+            hidden_mem, hidden_look = self.hidden.get(idx, (0, "idle"))
+            looks = [GPU_LOOK[h.look] for h in holders] + [GPU_LOOK[hidden_look]]
+            util, power, gpm = max(looks, key=lambda x: (x[1], x[0]))
+            snap.gpus.append(GpuSample(index=idx, util_gpu=util, util_mem=0,
+                                       mem_used=sum(h.gpu_mem for h in holders) + hidden_mem,
                                        mem_total=141 * GiB, power_mw=power, gpm=dict(gpm),
                                        procs=[GpuProc(pid=h.pid, used=h.gpu_mem) for h in holders]))
         for p in self.procs.values():

@@ -10,7 +10,7 @@ from hangd.analysis.engine import Analyzer
 from hangd.analysis.identity import Job
 from hangd.analysis.nodeview import NodeView, log_catalog
 from hangd.analysis.progress import ProgressBook
-from hangd.analysis.signals import _shared, _uses_gpu
+from hangd.analysis.signals import _shared, _unseen, _uses_gpu
 from hangd.analysis.stackcat import default_catalog, load_catalog
 from hangd.analysis.thresholds import Thresholds
 from hangd.analysis.views import JobTrack
@@ -158,6 +158,21 @@ def test_a_gpu_is_shared_with_a_process_of_another_pid_namespace_when_only_its_s
     assert not _shared([ns([{"pid": 469, "sm": 0, "mem": 0}])])  # the other one does nothing
     # a process that was listed in the window and has exited is not a hidden one
     assert not _shared([ns([], procs=(2, 3)), ns([{"pid": 3, "sm": 40, "mem": 0}])])
+
+
+def test_memory_no_listed_process_holds_is_a_process_hangd_cannot_see():
+    """As one H200 read with two jobs side by side, a recorder listing one job's ranks: 4044 MiB in
+    use, the two ranks listed holding 520 MiB each, the driver's own 615 MiB when the GPU was empty."""
+    MiB, th = 1 << 20, Thresholds()
+
+    def g(used: int, procs: tuple[int, ...]) -> GpuSample:
+        return GpuSample(index=0, util_gpu=100, util_mem=0, mem_used=used * MiB, mem_total=141 * GiB, power_mw=124_000,
+                         procs=[GpuProc(pid=i + 1, used=p * MiB) for i, p in enumerate(procs)])
+    assert _unseen([g(4044, (520, 520))] * 8, 615 * MiB, th)
+    assert not _unseen([g(615 + 1040, (520, 520))] * 8, 615 * MiB, th)  # all of it theirs
+    assert not _unseen([g(615 + 1040 + 200, (520, 520))] * 8, 615 * MiB, th)  # less than a context
+    # a blip (a process listed a reading late) is not one: most of the window must show it
+    assert not _unseen([g(4044, (520, 520))] * 3 + [g(1655, (520, 520))] * 5, 615 * MiB, th)
 
 
 def test_an_orphan_is_told_by_its_gone_launcher_and_new_parent():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from .builders import Node, P, churn, torchrun_env
+from .builders import GiB, Node, P, churn, torchrun_env
 
 COLL = [("torch/distributed/distributed_c10d.py", "broadcast_object_list"), ("server.py", "loop")]
 EVENT = [("threading.py", "wait"), ("server.py", "start")]
@@ -416,3 +416,63 @@ def test_two_ranks_sharing_a_gpu_the_one_blocked_on_its_own_is_not_in_the_spin(r
     if culprit is not None:
         assert inc.culprit_ranks == culprit
         assert "the spin on its GPU is rank 0's collective" in inc.summary
+
+
+MiB = 1 << 20
+IMPORTS = [("<frozen importlib._bootstrap>", "_find_and_load"), ("train.py", "<module>")]
+
+
+@pytest.mark.parametrize("spinner", ["hidden", "rank"], ids=["a_process_hangd_cannot_see", "a_rank_with_its_communicator"])
+def test_a_rank_holding_its_cuda_context_alone_is_not_the_one_spinning_its_gpu(spinner):
+    # rank 1 is still setting up on the CPU with 518 MiB on its GPU (a CUDA context, no NCCL
+    # communicator), while the GPU spins: for a process NVML does not list (another container's
+    # job: memory on the GPU that no listed process holds), or for rank 0 on the same GPU in a
+    # collective with its communicator in. The spin is not rank 1's: it does not wait for a peer
+    r0 = P(11, 10, torchrun_env(0, 2), gpu=0 if spinner == "rank" else 1, gpu_mem=1182 * MiB,
+           look="spin" if spinner == "rank" else "idle", state="R", cpu_ticks_per_s=100)
+    r1 = P(12, 10, torchrun_env(1, 2), gpu=0, gpu_mem=518 * MiB, state="R", cpu_ticks_per_s=100)
+    node = Node([P(10, 1), r0, r1])
+    if spinner == "hidden":
+        node.hidden[0] = (2 * GiB, "spin")
+    node.run(3)
+    node.stack(12, IMPORTS)
+    if spinner == "rank":
+        node.stack(11, COLL)
+    node.run(12)
+    (p1,) = [p for p in node.an.processes() if p["pid"] == 12]
+    assert "spinning" not in p1["reason"] and p1["state"] != "waiting_peer", p1
+    assert "CUDA context alone" in p1["reason"], p1["reason"]
+    assert ("a process hangd cannot see" in p1["reason"]) is (spinner == "hidden"), p1["reason"]
+    said = {c.state for c in node.changes if c.pid == 12}
+    assert "waiting_peer" not in said, [(c.t, c.state, c.reason) for c in node.changes if c.pid == 12]
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["alone_on_its_gpu", "gpu_shared"])
+def test_a_rank_with_its_context_alone_spins_its_gpu_when_nobody_else_can(shared):
+    # alone on its GPU (nothing unlisted on it) the spin can only be its own, whatever it holds;
+    # a rank with more than a context (its communicator, 1182 MiB) on a GPU another process uses
+    # may be the spinner: both keep the spin
+    r1 = P(12, 10, torchrun_env(1, 2), gpu=0, gpu_mem=(1182 if shared else 518) * MiB, look="spin")
+    node = Node([P(10, 1), P(11, 10, torchrun_env(0, 2), gpu=1, state="R", cpu_ticks_per_s=100), r1])
+    if shared:
+        node.hidden[0] = (2 * GiB, "spin")
+    node.run(10)
+    (p1,) = [p for p in node.an.processes() if p["pid"] == 12]
+    assert "spinning in a GPU collective" in p1["reason"], p1["reason"]
+
+
+def test_a_rank_blocked_on_its_own_is_cleared_of_a_spin_a_hidden_process_may_make():
+    # rank 1 holds its communicator and waits on an event; its GPU spins and holds 2 GiB that no
+    # listed process holds: that spin may be the hidden process's, rank 1's stack says it waits
+    # on its own, and rank 0 (on the other GPU, in a collective) waits for it
+    r0 = P(11, 10, torchrun_env(0, 2), gpu=1, gpu_mem=1182 * MiB, look="spin")
+    r1 = P(12, 10, torchrun_env(1, 2), gpu=0, gpu_mem=1182 * MiB)
+    node = Node([P(10, 1), r0, r1])
+    node.hidden[0] = (2 * GiB, "spin")
+    node.run(3)
+    node.stack(11, COLL)
+    node.stack(12, EVENT)
+    node.run(20)
+    (inc,) = node.an.incidents()
+    assert inc.kind == "nccl_stall" and inc.culprit_ranks == [1], (inc.kind, inc.culprit_ranks, inc.summary)
+    assert "the spin on its GPU is that of a process hangd cannot see" in inc.summary, inc.summary
