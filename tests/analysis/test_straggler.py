@@ -65,3 +65,53 @@ def test_a_rank_still_starting_while_its_peer_waits_in_the_rendezvous_is_no_stra
     said = {c.state for c in node.changes if c.pid == 12}
     assert "straggler" not in said, [(c.t, c.state, c.reason) for c in node.changes if c.pid == 12]
     assert _stragglers(node) == [], [(i.kind, i.summary) for i in node.an.incidents()]
+
+
+DATALOADER = [("multiprocessing/connection.py", "wait", 1136), ("torch/utils/data/dataloader.py", "_try_get_data", 1133),
+              ("train.py", "main", 40)]
+
+
+def _data_bound(worker_cpu: int) -> Node:
+    """Rank 1 waits on its DataLoader worker (pid 13) between steps; rank 0, on the other GPU,
+    spins in the all_reduce meanwhile. The worker works (``worker_cpu`` ticks a second) or not."""
+    node = Node([P(10, 1), P(11, 10, torchrun_env(0, 2), gpu=0, look="work", state="R", cpu_ticks_per_s=100),
+                 P(12, 10, torchrun_env(1, 2), gpu=1, look="work", state="R", cpu_ticks_per_s=100),
+                 P(13, 12, cmdline=["python", "train.py"], role="child", cpu_ticks_per_s=worker_cpu,
+                   state="R" if worker_cpu else "S")])
+    node.run(5)
+    return node
+
+
+def _wait_on_worker(node: Node, seconds: float) -> None:
+    node.procs[11].look = "spin"
+    node.procs[12].look, node.procs[12].state, node.procs[12].cpu_ticks_per_s = "idle", "S", 0
+    node.stack(12, DATALOADER)
+    node.run(seconds)
+
+
+def _data_steps(node: Node, steps: int, waits_s: float) -> None:
+    """Steps of 1 s of work on both ranks, then rank 0 waits ``waits_s`` for rank 1's batch."""
+    for _ in range(steps):
+        node.procs[11].look = "work"
+        node.procs[12].look, node.procs[12].state, node.procs[12].cpu_ticks_per_s = "work", "R", 100
+        node.run(1)
+        _wait_on_worker(node, waits_s)
+
+
+def test_a_rank_slow_on_working_data_workers_is_a_straggler():
+    # the culprit waits on workers that work: slow data, the others wait at every step
+    node = _data_bound(worker_cpu=100)
+    _data_steps(node, 12, waits_s=2)
+    assert ("straggler", [1]) in _stragglers(node), [(i.kind, i.summary) for i in node.an.incidents()]
+
+
+def test_a_rank_whose_data_worker_blocked_is_a_hang_not_a_straggler():
+    # a few steps where rank 0 waits a moment for rank 1's data, then rank 1's worker blocks: rank
+    # 0 waits on and on while rank 1 sits on a worker that does nothing. The waits add up past
+    # the straggler's bar before the hang is judged: one event, one incident, the hang
+    node = _data_bound(worker_cpu=100)
+    _data_steps(node, 4, waits_s=1)
+    node.procs[13].cpu_ticks_per_s, node.procs[13].state = 0, "S"
+    _wait_on_worker(node, 40)
+    kinds = [k for k, _ in _stragglers(node)]
+    assert "straggler" not in kinds and kinds, [(i.kind, i.summary) for i in node.an.incidents()]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from hangd.analysis import hardware
 from hangd.analysis.detectors import Env
+from hangd.analysis.model import Local
 from hangd.analysis.views import JobTrack, JobView
 from hangd.incidents import Family, IncidentKind
 
@@ -41,8 +42,8 @@ def step(env: Env, jv: JobView) -> None:
         for p in c:
             seconds.setdefault(p, set()).add(sec)
     blamed = {p: len(secs) for p, secs in seconds.items() if p in live}
-    worst = [p for p, n in blamed.items() if n >= th.straggler_wait_s and _kept_waiting(env, tr, p, t)] \
-        if not tr.hung else []
+    worst = [p for p, n in blamed.items() if n >= th.straggler_wait_s and _kept_waiting(env, tr, p, t)
+             and not _stuck_now(env, jv, p)] if not tr.hung else []
     inc = env.book.get(job.id, FAMILY)
     if worst and inc is None and _hang_within(env, job.id, t - th.straggler_window_s):
         worst = []  # one event, one incident: these waits were the hang's, already reported
@@ -91,6 +92,17 @@ def _kept_waiting(env: Env, tr: JobTrack, pid: int, t: float) -> bool:
     between = {sec for w in victims for sec in env.progress.of(w).strong_secs if secs[0] + 1 < sec < secs[-1]}
     return len(between) >= env.th.straggler_progressed_secs \
         and any((x := env.progress.of(w).last_work) is not None and t - x <= env.th.straggler_wait_s / 2 for w in victims)
+
+
+def _stuck_now(env: Env, jv: JobView, pid: int) -> bool:
+    """It does not run late, it runs no more: stopped, or blocked on workers of its own none of
+    which works (a DataLoader worker that blocked). Slow data (workers that work) makes a
+    straggler; this is a hang in the making, which the hang detector reports."""
+    rd = jv.readings.get(pid)
+    if rd is None:
+        return False
+    return rd.local == Local.STOPPED or rd.local == Local.WORKER_WAIT and \
+        not any(env.view.cpu_works(c, jv.t) for c in env.view.children(pid))
 
 
 def _hang_within(env: Env, job_id: str, since: float) -> bool:
