@@ -103,7 +103,17 @@ def test_jobs_by_state_counts_a_job_on_two_nodes_once(fleet_stack):
 
 @pytest.mark.parametrize("where,expr", exprs([FLEET]), ids=[w for w, _ in exprs([FLEET])])
 def test_every_fleet_dashboard_query_returns_data(fleet_stack, where, expr):
-    assert query_range(fleet_stack["prom"], subst(expr), fleet_stack["start"]), f"{where}: no data for {subst(expr)}"
+    prom, start = fleet_stack["prom"], fleet_stack["start"]
+    # the fixture saw every query answer at one instant: a range over the job's life that holds
+    # that instant answers too; it is asked again for a few seconds before the test fails, and a
+    # failure says what Prometheus held of the query's series then
+    t_end = time.time() + 10
+    while not (got := query_range(prom, subst(expr), start)) and time.time() < t_end:
+        time.sleep(1)
+    if not got:
+        held = {m: query_range(prom, f"count by (__name__) ({{__name__=~\"{m}\"}})", start)
+                for m in sorted(set(re.findall(r"\b(hangd[_:][a-z_:0-9]+)", expr)))}
+        pytest.fail(f"{where}: no data for {subst(expr)}; now: {query(prom, subst(expr))}; series held: {held}")
 
 
 def test_the_jobs_table_says_state_nodes_and_ranks(fleet_stack):
