@@ -153,7 +153,15 @@ def neutralize(d: Path, subs: list[tuple[str, str]]) -> None:
         try:
             s = b.decode()
         except UnicodeDecodeError:
-            continue  # binary (a flight-recorder pickle): lengths inside it must not change
+            # binary (a flight-recorder pickle, its frames' file names): lengths inside it must not
+            # change, so a path becomes the neutral one padded with slashes to the same length
+            nb = b
+            for a, r in subs:
+                if len(r) <= len(a):
+                    nb = nb.replace(a.encode(), (r + "/" * (len(a) - len(r))).encode())
+            if nb != b:
+                f.write_bytes(nb)
+            continue
         n = s
         for a, r in subs:
             n = n.replace(a, r)
