@@ -286,11 +286,14 @@ class Analyzer:
         py = [s for s in good if not s.native]
         sig = max((stackcat.signature(s) for s in py), key=len) if py else ()
         if not v.known and _polls(p, self.signals.get(pid), self.th) and p.stack_sig and sig \
-                and _same_loop(p.stack_sig, sig):
+                and _same_loop(p.stack_sig, sig) and not (p.between_sig and _calls(p.between_sig) == _calls(sig)):
             # a server's loop caught between two of its waits for requests (broadcasting the empty
-            # batch of its poll), on little CPU: still the loop that waits for requests, gone nowhere
-            p.verdict_t, p.verdict_wchan = t, _wait_point(h)
+            # batch of its poll), on little CPU: still the loop that waits for requests, gone nowhere.
+            # Caught there twice in a row, it is not between two waits: it stays there (a request
+            # it took, stuck in its handler)
+            p.verdict_t, p.verdict_wchan, p.between_sig = t, _wait_point(h), sig
             return
+        p.between_sig = ()
         # moved: the calls differ, not only the line of the innermost frame (a loop spinning in one
         # function shows a new line at each capture and goes nowhere)
         if p.stack_sig and sig and _calls(sig) != _calls(p.stack_sig) and p.stack_sig_t is not None:

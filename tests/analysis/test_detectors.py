@@ -382,6 +382,36 @@ def test_a_server_caught_between_its_polls_stays_an_idle_server(rank0_cpu: int, 
         assert node.state(11) == "idle" and node.state(12) == "idle"
 
 
+
+HANDLER = [("srv.py", "wait_forever", 97), ("srv.py", "handle", 50), ("srv.py", "serve", 70), ("srv.py", "main", 90)]
+
+
+@pytest.mark.parametrize("captures, hang", [([HANDLER, POLL, HANDLER], False), ([HANDLER, HANDLER], True)],
+                         ids=["between_its_polls_twice", "in_its_handler_twice_in_a_row"])
+def test_a_server_caught_twice_in_a_row_at_the_same_place_outside_its_wait_is_there(captures, hang):
+    # rank 0 polls; a request comes, and its handler sleeps in a loop of its own forever (on little
+    # CPU, waking every 0.5 s) while rank 1 waits in the next broadcast. One capture in the handler
+    # is the loop between two polls; caught there again at the next capture it is where rank 0
+    # stays: its job is hung, not an idle server. Caught between its polls at different moments
+    # (a poll capture between) it still serves
+    r0 = P(11, 10, torchrun_env(0, 2), gpu=0, vol_per_s=2, cpu_ticks_per_s=5, wchan="hrtimer_nanosleep")
+    r1 = P(12, 10, torchrun_env(1, 2), gpu=1, look="spin", state="R", cpu_ticks_per_s=100)
+    node = Node([P(10, 1), r0, r1])
+    node.run(5)
+    node.pending_stacks.append(_server_stack(11, POLL))
+    node.stack(12, COLL)
+    node.run(4)
+    for frames in captures:
+        node.pending_stacks.append(_server_stack(11, frames))
+        node.run(5)
+    node.run(20)
+    assert (node.kinds() != []) == hang, [(i.kind, i.summary) for i in node.an.incidents()]
+    if hang:
+        (inc,) = node.an.incidents()
+        assert inc.culprit_ranks == [0], (inc.kind, inc.culprit_ranks, inc.summary)
+    else:
+        assert node.state(11) == "idle" and node.state(12) == "idle", (node.an.tracks[11].reason, node.an.tracks[12].reason)
+
 def test_a_server_polling_on_a_gpu_its_waiting_rank_spins_on_is_idle_not_in_the_spin():
     # both ranks on one GPU: rank 1 spins in the broadcast of each empty batch (no stack that says
     # where: py-spy came back empty), rank 0 polls its request queue. NVML gives the GPU's spin to
