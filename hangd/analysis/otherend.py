@@ -135,6 +135,8 @@ def other_end(view: NodeView, pid: int) -> OtherEnd | None:
     ends = [w for w in waits if w.kind in ("pipe", "unix", "tcp")]
     if not ends or len(ends) < len(waits):
         return None  # an eventfd, a file, a descriptor that could not be read: not certain
+    if any(w.kind == "pipe" and pid not in w.holders for w in ends):
+        return None  # a pipe read without the rank itself among its holders: read before it was known
     if all(w.holders == [pid] and (w.kind != "pipe" or w.writes_itself) for w in ends):
         if call.startswith("epoll") or any(w.kind == "tcp" for w in ends):
             # an event loop on its own wake-up pipe alone may sleep on a timer; a TCP connection to

@@ -334,6 +334,11 @@ class FdWaits:
             return FdWait(fd=fd, kind="unknown")
         if target.startswith("pipe:"):
             holders, whole = self._holders(target)
+            if pid not in holders:
+                # its own table, read before, lacks the pipe it waits on: the pipe is newer than the
+                # tables kept (REFRESH_S), and so may be any other holder's entry; read them again
+                self._tables.clear()
+                holders, whole = self._holders(target)
             if not whole and not set(holders) - {pid}:
                 return FdWait(fd=fd, kind="unknown")  # its other end may be in a table not read
             return FdWait(fd=fd, kind="pipe", holders=holders, writes_itself=self._writes(pid, fd, target))

@@ -175,6 +175,15 @@ def test_an_unnamed_call_and_an_uncertain_descriptor_beside_its_own_pipe():
     assert otherend.other_end(view(mixed), RANK) is None
 
 
+def test_a_pipe_read_without_the_rank_among_its_holders_says_nothing_certain():
+    """The rank holds the pipe it waits on: a read that names nobody, not even it, was made before
+    the tables knew that pipe (seen: a culprit's select on a pipe it had just made read as input from
+    outside, its job as an idle server), not a pipe another program writes."""
+    assert otherend.other_end(view([FdWait(fd=68, kind="pipe", holders=[])]), RANK) is None
+    got = otherend.other_end(view([FdWait(fd=68, kind="pipe", holders=[RANK])]), RANK)
+    assert got is not None and got.kind == otherend.OUTSIDE  # its read end alone: another program writes it
+
+
 def test_a_watched_process_of_another_job_at_the_other_end_says_nothing_certain():
     """Not its child, not a rank, not its launcher or a sibling, and it does not listen: unknown."""
     stranger = ProcSample(pid=81, ppid=1, state="S", role=Role.CHILD)
@@ -315,3 +324,21 @@ def test_a_rank_on_its_launcher_s_store_waits_for_its_peers_and_at_start_up_is_s
     on_the_store(node).run(4)
     assert "the store its launcher pid 10 serves" in _reason(node, 12)
     assert node.state(12) in ("waiting_peer", "busy"), _reason(node, 12)
+
+
+@pytest.mark.parametrize(("iterator", "kind"), [("_SingleProcessDataLoaderIter", "unknown"),
+                                               ("_MultiProcessingDataLoaderIter", "worker_wait"), ("", "worker_wait")],
+                         ids=["no_workers_it_fetches_itself", "workers", "py_spy_without_the_class"])
+def test_a_dataloader_without_workers_is_the_rank_s_own_work(iterator, kind):
+    """As mpargv-load_slow-none's rank 0 was caught: a DataLoader with num_workers=0 runs the
+    dataset's __getitem__ in the rank itself; there is no worker to wait for."""
+    from hangd.analysis import stackcat
+    from hangd.snapshot import Frame, ThreadStack
+
+    frames = [("/opt/job/train.py", "Data.__getitem__"), ("torch/utils/data/_utils/fetch.py", "_MapDatasetFetcher.fetch"),
+              ("torch/utils/data/dataloader.py", f"{iterator}._next_data" if iterator else "_next_data"),
+              ("torch/utils/data/dataloader.py", "_BaseDataLoaderIter.__next__"), ("/opt/job/train.py", "train")]
+    th = ThreadStack(tid=1, name="MainThread", active=False, owns_gil=False,
+                     frames=[Frame(name=n, filename=f if f.startswith("/") else f"/opt/venv/lib/python3.12/site-packages/{f}",
+                                   line=1) for f, n in frames])
+    assert stackcat.classify_thread(th).kind == kind

@@ -60,6 +60,16 @@ print("", flush=True)
 while True:
     select.select([r], [], [], 30)
 """,
+    # a pipe of its own waited on for 2 s, then a new one of its own waited on for good: the
+    # descriptor tables read during the first wait predate the second pipe
+    "new_pipe_of_its_own": """
+r, w = os.pipe()
+print("", flush=True)
+select.select([r], [], [], 2)
+r2, w2 = os.pipe()
+while True:
+    select.select([r2], [], [], 30)
+""",
     # a server: epoll (the default selector) on a listening TCP socket
     "tcp_accept": """
 s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen()
@@ -246,6 +256,27 @@ def test_calls_it_cannot_place_are_unknown_not_no_descriptor():
     assert fw.read(os.getpid(), "7" + args) == ("syscall 7", None)  # not in this table
     assert fw.read(os.getpid(), "202" + args) == ("futex", [])
     assert fw.read(os.getpid(), "230" + args) == ("clock_nanosleep", [])
+
+
+def test_a_pipe_newer_than_the_tables_kept_is_read_whole():
+    """The tables a read keeps (REFRESH_S) were read before the rank made the pipe it now waits on:
+    its holders are read again, not taken as nobody (which would read as input from outside)."""
+    p, _ = _start("new_pipe_of_its_own")
+    try:
+        src = ProcSource(extra_pids={p.pid})
+        first = _waits(src, p.pid, "select")
+        assert first is not None and first.fd_waits, first
+        t_end = time.time() + 10
+        while True:  # the second wait, on a descriptor the first did not have
+            s = _waits(src, p.pid, "select")
+            if s is not None and s.fd_waits and {w.fd for w in s.fd_waits} != {w.fd for w in first.fd_waits}:
+                break
+            assert time.time() < t_end, (first.fd_waits, s and s.fd_waits)
+            time.sleep(0.2)
+        (w,) = s.fd_waits
+        assert w.kind == "pipe" and w.holders == [p.pid] and w.writes_itself, w
+    finally:
+        kill_all([p.pid], p)
 
 
 def test_a_descriptor_table_cut_short_leaves_the_other_end_unknown(monkeypatch):
