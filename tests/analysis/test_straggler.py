@@ -3,6 +3,8 @@ steps, not a rank that made them wait once (a slow load, a first compile) and th
 
 from __future__ import annotations
 
+import pytest
+
 from .builders import Node, P, torchrun_env
 
 
@@ -115,3 +117,18 @@ def test_a_rank_whose_data_worker_blocked_is_a_hang_not_a_straggler():
     _wait_on_worker(node, 40)
     kinds = [k for k, _ in _stragglers(node)]
     assert "straggler" not in kinds and kinds, [(i.kind, i.summary) for i in node.an.incidents()]
+
+
+@pytest.mark.parametrize("short_waits, straggler", [(1, False), (6, True)], ids=["one_short_wait", "short_waits_recur"])
+def test_one_long_wait_then_short_ones_is_a_straggler_only_if_they_recur(short_waits, straggler):
+    # rank 1 loads for 25 s while rank 0 waits in the barrier, then they train; rank 0 waits 2 s
+    # for rank 1 at one step (a phase and a blip: no pattern), or at step after step (a straggler)
+    node = _pair()
+    _step(node, 0, 25)
+    for _ in range(short_waits):
+        node.procs[11].look = "work"
+        node.run(3)
+        _step(node, 0, 2)
+    node.procs[11].look = "work"
+    node.run(20)
+    assert (("straggler", [1]) in _stragglers(node)) is straggler, [(i.kind, i.summary) for i in node.an.incidents()]

@@ -89,9 +89,29 @@ def _kept_waiting(env: Env, tr: JobTrack, pid: int, t: float) -> bool:
     victims = _victims(tr, pid)
     if not secs or not victims:
         return False
-    between = {sec for w in victims for sec in env.progress.of(w).strong_secs if secs[0] + 1 < sec < secs[-1]}
-    return len(between) >= env.th.straggler_progressed_secs \
+    worked = {sec for w in victims for sec in env.progress.of(w).strong_secs}
+    between = {sec for sec in worked if secs[0] + 1 < sec < secs[-1]}
+    return len(between) >= env.th.straggler_progressed_secs and _again(secs, worked, env.th.straggler_wait_s / 2) \
         and any((x := env.progress.of(w).last_work) is not None and t - x <= env.th.straggler_wait_s / 2 for w in victims)
+
+
+def _again(secs: list[int], worked: set[int], enough: float) -> bool:
+    """The waits on it recur: its seconds of keeping them waiting in which they did not work (a
+    victim that worked in a second went through its collective in it), split into waits where
+    they pause, add up to ``enough`` beside the longest wait. One long wait and a short one (a
+    slow load, then a step) is no pattern; a hang in the making is one long wait."""
+    idle = sorted(set(secs) - worked)
+    if not idle:
+        return False
+    waits, run = [], 1
+    for a, b in zip(idle, idle[1:], strict=False):
+        if b - a > 1:
+            waits.append(run)
+            run = 1
+        else:
+            run += 1
+    waits.append(run)
+    return sum(waits) - max(waits) >= enough
 
 
 def _stuck_now(env: Env, jv: JobView, pid: int) -> bool:
