@@ -526,7 +526,7 @@ class Analyzer:
 
 # Stack kinds of a wait that is not for a peer: one of its own job (stackcat.OWN_WAIT_KINDS), or a sleep
 NOT_FOR_A_PEER = stackcat.OWN_WAIT_KINDS | {"sleeping", "request_wait"}
-# Stacks that may spin a GPU kernel of their own: a collective, the store's set-up, DDP's backward
+
 
 def _shared_spins(job: Job, sigs: dict[int, ProcSignals], ctxs: dict[int, Context],
                   readings: dict[int, Reading], th: Thresholds) -> None:
