@@ -45,12 +45,16 @@ class ProcessRecord:
     last_progress_why: str
     command: str | None
     log_grew_at: float | None
+    # its evidence record, per source (gpu_work, cpu_own_code, read, write, log, collectives,
+    # stack, children): "yes: what moved", "no", or "unknown" where the source is missing
+    moved: dict[str, str] = dataclasses.field(default_factory=dict)
     fleet: dict[str, Any] | None = None  # FLEET_FIELDS, for a rank of a job that spans nodes
 
     @classmethod
     def of(cls, d: dict[str, Any]) -> ProcessRecord:
         fleet = {k: d[k] for k in FLEET_FIELDS if k in d}
-        return cls(**{k: d[k] for k in _PROCESS_FIELDS}, fleet=fleet or None)
+        # a report of an older hangd (another node, a stored row) has no evidence record
+        return cls(**{k: d[k] for k in _PROCESS_FIELDS if k in d or k != "moved"}, fleet=fleet or None)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON shape the API, the store and ``hangd status --json`` give."""

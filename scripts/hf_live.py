@@ -157,8 +157,11 @@ def neutralize(d: Path, subs: list[tuple[str, str]]) -> None:
             # change, so a path becomes the neutral one padded with slashes to the same length
             nb = b
             for a, r in subs:
-                if len(r) <= len(a):
-                    nb = nb.replace(a.encode(), (r + "/" * (len(a) - len(r))).encode())
+                ab, rb = a.encode(), r.encode()
+                if len(rb) <= len(ab):
+                    nb = nb.replace(ab, rb + b"/" * (len(ab) - len(rb)))
+                elif ab in nb:
+                    print(f"warning: {f}: {a} is shorter than {r}, left as it is", file=sys.stderr)
             if nb != b:
                 f.write_bytes(nb)
             continue

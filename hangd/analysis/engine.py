@@ -195,7 +195,7 @@ class Analyzer:
                             "gpu_mem_bytes": s.gpu_mem if s and self.view.gpus else None,
                             "cpu_cores": round(s.cpu_cores, 2) if s and s.cpu_cores is not None else None,
                             "last_progress": round(pr.last, 3) if pr.last else None,
-                            "last_progress_why": pr.why, "command": self._command(pid),
+                            "last_progress_why": pr.why, "moved": dict(p.moved), "command": self._command(pid),
                             "log_grew_at": s.log_grew_at if s else None})
         return out
 
@@ -285,15 +285,17 @@ class Analyzer:
         v = stackcat.classify(good)
         py = [s for s in good if not s.native]
         sig = max((stackcat.signature(s) for s in py), key=len) if py else ()
+        again = p.between_n + 1 if p.between_sig == sig else 1
         if not v.known and _polls(p, self.signals.get(pid), self.th) and p.stack_sig and sig \
-                and _same_loop(p.stack_sig, sig) and not (p.between_sig and _calls(p.between_sig) == _calls(sig)):
+                and _same_loop(p.stack_sig, sig) and again < self.th.between_captures:
             # a server's loop caught between two of its waits for requests (broadcasting the empty
             # batch of its poll), on little CPU: still the loop that waits for requests, gone nowhere.
-            # Caught there twice in a row, it is not between two waits: it stays there (a request
-            # it took, stuck in its handler)
-            p.verdict_t, p.verdict_wchan, p.between_sig = t, _wait_point(h), sig
+            # Caught at exactly that place again and again (another capture is asked for at once),
+            # it is not between two waits: it stays there (a request it took, stuck in its handler)
+            p.verdict_t, p.verdict_wchan, p.between_sig, p.between_n = t, _wait_point(h), sig, again
+            self.requests.stacks.append((pid, False))
             return
-        p.between_sig = ()
+        p.between_sig, p.between_n = (), 0
         # moved: the calls differ, not only the line of the innermost frame (a loop spinning in one
         # function shows a new line at each capture and goes nowhere)
         if p.stack_sig and sig and _calls(sig) != _calls(p.stack_sig) and p.stack_sig_t is not None:
@@ -436,6 +438,9 @@ class Analyzer:
             p = self._track(pid)
             p.started = p.started or ev.first_evidence or d.state not in (State.STARTING,)
             p.rule = d.rule
+            # the record it was judged on, per source: moved or not, or unknown (and what moved)
+            p.moved = {src: f"{m}: {ev.how[src]}" if src in ev.how and m == rankstate.Moved.YES else str(m)
+                       for src, m in ev.progress.items()}
             ch = self._set_state(pid, job, d.state, d.reason, t, jv.sigs[pid])
             if ch is not None:
                 changes.append(ch)
@@ -546,15 +551,17 @@ def _shared_spins(job: Job, sigs: dict[int, ProcSignals], ctxs: dict[int, Contex
         if rd.local != Local.SPINNING or not s.gpu_shared:
             continue
         others = [o for o in may_spin if o != pid and set(sigs[o].gpu_indexes) & set(s.gpu_indexes)]
+        # a process hangd cannot see may be the spinner, unless NVML's samples give it SM time itself
+        hidden = s.gpu_unseen and not s.gpu_sm_named
         names = [*(f"rank {job.ranks[o]}" if o in job.ranks else f"pid {o}" for o in sorted(others)),
-                 *(["a process hangd cannot see"] if s.gpu_unseen else [])]
+                 *(["a process hangd cannot see"] if hidden else [])]
         # "rank 1's collective"; "that of rank 1 or a process hangd cannot see"
-        whose = f"{names[0]}'s collective" if len(names) == 1 and not s.gpu_unseen else \
+        whose = f"{names[0]}'s collective" if len(names) == 1 and not hidden else \
             f"that of {' or '.join(names or ['another process'])}"
         if v.kind in NOT_FOR_A_PEER and names:
             readings[pid] = Reading(Local.SERVING if v.kind == "request_wait" else Local.QUIET,
                                     f"its stack is {v.why} ({v.frame}); the spin on its GPU is {whose}")
-        elif s.gpu_mem <= th.context_gpu_bytes and not s.gpu_sm_named:
+        elif 0 < s.gpu_mem <= th.context_gpu_bytes and not s.gpu_sm_named:
             rd2 = classify(replace(s, gpu=GpuSignals(util=0.0, has_gpm=s.gpu.has_gpm, power_w=s.gpu.power_w),
                                    gpu_work_at=None), ctxs[pid], th)
             readings[pid] = Reading(rd2.local, f"{rd2.why}; it holds its CUDA context alone on its GPU "

@@ -185,13 +185,14 @@ def _shared(samples: list[GpuSample]) -> bool:
 
 
 def _unseen(samples: list[GpuSample], base: float, th: Thresholds) -> bool:
-    """Whether, in most readings of the window, the GPU holds memory beyond the driver's (``base``)
+    """Whether, in most of at least 3 readings (``unseen_window_s``), the GPU holds memory beyond the driver's (``base``)
     that no process NVML lists holds, a CUDA context's worth at least: a process hangd cannot see
     uses it (NVML lists a container's own processes only, the GPU's memory and utilization are
     everyone's)."""
-    held = [g.mem_used - sum(p.used or 0 for p in g.procs) - base >= th.unseen_gpu_bytes
-            for g in samples if g.mem_used is not None]
-    return bool(held) and sum(held) >= 0.5 * len(held)
+    # a reading whose processes' memory NVML does not give (MIG without privileges, vGPU) tells nothing
+    held = [g.mem_used - sum(p.used for p in g.procs if p.used is not None) - base >= th.unseen_gpu_bytes
+            for g in samples if g.mem_used is not None and all(p.used is not None for p in g.procs)]
+    return len(held) >= 3 and sum(held) > len(held) / 2
 
 
 def _used_by(pid: int, samples: list[GpuSample]) -> list[int]:
@@ -246,8 +247,8 @@ def proc_signals(view: NodeView, pid: int, t: float, th: Thresholds) -> ProcSign
         # GPU readings (and GPM) are per GPU. When several processes share one (a leftover job, MPS,
         # a second job, a process of another container), the per-process SM utilization says whose
         # the activity is: a process NVML sees no SM time for does not own the GPU's work or spin.
-        sig.gpu_unseen = _unseen(gw, min(view.gpu_baseline.get(main, th.unattributed_base_bytes),
-                                         th.unattributed_base_bytes), th)
+        sig.gpu_unseen = _unseen(view.gpu_window(main, t, th.unseen_window_s),
+                                 min(view.gpu_baseline.get(main, th.unattributed_base_bytes), th.unattributed_base_bytes), th)
         sig.gpu_shared = bool(gw) and (_shared(gw) or sig.gpu_unseen)
         sig.gpu_sm_named = any(u.get("pid") == pid and (u.get("sm") or 0) > 0 for g in gw for u in g.proc_util or [])
         if sig.gpu_shared and not _uses_gpu(pid, gw):

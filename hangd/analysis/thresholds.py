@@ -116,10 +116,14 @@ class Thresholds:
     # memory beyond the driver's that no listed process holds, over most of the window: a process
     # hangd cannot see is on the GPU (a CUDA context alone is about 520 MiB on an H200)
     unseen_gpu_bytes: float = 512 * MiB
+    unseen_window_s: float = 10.0  # ... over more than half the readings of this window
     # a process holding no more than this on its GPU holds its CUDA context (518-520 MiB on an H200)
     # and no NCCL communicator: the smallest seen (two ranks over sockets) took one to 630 MiB, a
     # DDP job's to 1182 MiB
     context_gpu_bytes: float = 576 * MiB
+    # a server caught this many captures in a row at exactly one place outside its wait for
+    # requests stays there (one or two are its loop between two polls: a broadcast, a step)
+    between_captures: int = 3
     verdict_fresh_s: float = 60.0  # a stack verdict describes its process at most this long
     verdict_known_s: float = 300.0  # the last known kind of wait, for telling a cycling wait from a stuck one
     stack_recapture_s: float = 300.0  # a quiet job's stacks are taken again this often

@@ -37,8 +37,12 @@ class ProcTrack:
     verdict_wchan: str | None = None  # where the kernel had it blocked when the stack was taken
     stack_sig: tuple[str, ...] = ()
     stack_sig_t: float | None = None
-    # a capture of a server's loop between two of its waits for requests, kept as that wait
+    # a capture of a server's loop between two of its waits for requests, kept as that wait, and
+    # how many times in a row it was caught at exactly that place
     between_sig: tuple[str, ...] = ()
+    between_n: int = 0
+    # its evidence record at its last judgment: per source "yes: what moved", "no" or "unknown"
+    moved: dict[str, str] = field(default_factory=dict)
     compiled_at: float | None = None  # when a stack last showed it compiling
     threads_seen: dict[str, float] = field(default_factory=dict)  # thread name/tid -> last capture with it
     reading: Reading = Reading(Local.QUIET, "")

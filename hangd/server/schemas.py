@@ -110,6 +110,8 @@ class ProcessOut(BaseModel):
     cpu_cores: float | None = None
     last_progress: float | None = None
     last_progress_why: str = ""
+    # the evidence record it was judged on, per source: "yes: what moved", "no", or "unknown"
+    moved: dict[str, str] = {}
     command: str | None = None
 
     @computed_field(description="since as ISO-8601 (local time with offset)")  # type: ignore[prop-decorator]

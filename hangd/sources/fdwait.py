@@ -180,6 +180,7 @@ class FdWaits:
         # pid -> (when read, {link target: [fd, ...]}, cut short); kept REFRESH_S
         self._tables: dict[int, tuple[float, dict[str, list[int]], bool]] = {}
         self._budget = LINK_BUDGET
+        self._tick_at = 0.0  # when this tick's reads began: tables read before it may be stale
         self._tcp: dict[str, tuple[dict[int, tuple[str, str, str]], dict[tuple[str, str], int]]] = {}
         self._diag: dict[int, tuple[int | None, int | None]] = {}
         self._busy = threading.Event()  # a read is under way (it may have outlasted its tick)
@@ -217,7 +218,7 @@ class FdWaits:
         try:
             self._tcp, self._diag, self._budget = {}, {}, LINK_BUDGET
             self._watched = watched
-            now = time.monotonic()
+            now = self._tick_at = time.monotonic()
             for pid in [p for p, (at, _, _) in self._tables.items() if now - at >= REFRESH_S or p not in watched]:
                 del self._tables[pid]
             for s in todo:
@@ -334,10 +335,13 @@ class FdWaits:
             return FdWait(fd=fd, kind="unknown")
         if target.startswith("pipe:"):
             holders, whole = self._holders(target)
-            if pid not in holders:
-                # its own table, read before, lacks the pipe it waits on: the pipe is newer than the
-                # tables kept (REFRESH_S), and so may be any other holder's entry; read them again
-                self._tables.clear()
+            own = self._tables.get(pid)
+            if pid not in holders and own is not None and not own[2] and own[0] < self._tick_at:
+                # its own table, kept from an earlier tick (REFRESH_S), lacks the pipe it waits on:
+                # the pipe is newer than the tables kept, and so may be any other holder's entry;
+                # those of earlier ticks are read again (once a tick: the link budget bounds it)
+                for p in [p for p, (at, _, _) in self._tables.items() if at < self._tick_at]:
+                    del self._tables[p]
                 holders, whole = self._holders(target)
             if not whole and not set(holders) - {pid}:
                 return FdWait(fd=fd, kind="unknown")  # its other end may be in a table not read

@@ -81,6 +81,8 @@ class Node:
         self.name: str | None = None  # the node's name among nodes sharing a store
         # processes NVML does not list (another container's): GPU index -> (bytes held, look)
         self.hidden: dict[int, tuple[int, str]] = {}
+        # NVML's per-process samples: pid -> SM % (none given when empty, as on most hosts)
+        self.sm: dict[int, int] = {}
 
     def write_log(self, path: str, text: str) -> None:
         self.logs[path] = self.logs.get(path, 0) + len(text)
@@ -115,7 +117,9 @@ class Node:
             snap.gpus.append(GpuSample(index=idx, util_gpu=util, util_mem=0,
                                        mem_used=sum(h.gpu_mem for h in holders) + hidden_mem,
                                        mem_total=141 * GiB, power_mw=power, gpm=dict(gpm),
-                                       procs=[GpuProc(pid=h.pid, used=h.gpu_mem) for h in holders]))
+                                       procs=[GpuProc(pid=h.pid, used=h.gpu_mem) for h in holders],
+                                       proc_util=[{"pid": h.pid, "sm": self.sm[h.pid], "mem": 0, "ts": 0}
+                                                  for h in holders if h.pid in self.sm] or None))
         for p in self.procs.values():
             if p.pid in self.gone:
                 snap.procs.append(ProcSample(pid=p.pid, gone=True))

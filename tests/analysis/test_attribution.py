@@ -171,8 +171,15 @@ def test_memory_no_listed_process_holds_is_a_process_hangd_cannot_see():
     assert _unseen([g(4044, (520, 520))] * 8, 615 * MiB, th)
     assert not _unseen([g(615 + 1040, (520, 520))] * 8, 615 * MiB, th)  # all of it theirs
     assert not _unseen([g(615 + 1040 + 200, (520, 520))] * 8, 615 * MiB, th)  # less than a context
-    # a blip (a process listed a reading late) is not one: most of the window must show it
+    # a blip (a process listed a reading late) is not one: most of the window must show it, over 3
+    # readings at least (a window of 1 Hz readings holds few)
     assert not _unseen([g(4044, (520, 520))] * 3 + [g(1655, (520, 520))] * 5, 615 * MiB, th)
+    assert not _unseen([g(4044, (520, 520))] * 2, 615 * MiB, th)
+    assert not _unseen([g(4044, (520, 520))] * 2 + [g(1655, (520, 520))] * 2, 615 * MiB, th)
+    # NVML gives no process's memory (MIG without privileges, vGPU): nothing can be told
+    blind = GpuSample(index=0, util_gpu=100, util_mem=0, mem_used=40000 * MiB, mem_total=141 * GiB, power_mw=124_000,
+                      procs=[GpuProc(pid=1, used=None), GpuProc(pid=2, used=None)])
+    assert not _unseen([blind] * 8, 615 * MiB, th)
 
 
 def test_an_orphan_is_told_by_its_gone_launcher_and_new_parent():

@@ -386,14 +386,14 @@ def test_a_server_caught_between_its_polls_stays_an_idle_server(rank0_cpu: int, 
 HANDLER = [("srv.py", "wait_forever", 97), ("srv.py", "handle", 50), ("srv.py", "serve", 70), ("srv.py", "main", 90)]
 
 
-@pytest.mark.parametrize("captures, hang", [([HANDLER, POLL, HANDLER], False), ([HANDLER, HANDLER], True)],
-                         ids=["between_its_polls_twice", "in_its_handler_twice_in_a_row"])
-def test_a_server_caught_twice_in_a_row_at_the_same_place_outside_its_wait_is_there(captures, hang):
+@pytest.mark.parametrize("captures, hang", [([HANDLER, HANDLER, POLL, HANDLER], False), ([HANDLER] * 3, True)],
+                         ids=["between_its_polls_twice_then_polling", "in_its_handler_three_times_in_a_row"])
+def test_a_server_caught_again_and_again_at_one_place_outside_its_wait_is_there(captures, hang):
     # rank 0 polls; a request comes, and its handler sleeps in a loop of its own forever (on little
-    # CPU, waking every 0.5 s) while rank 1 waits in the next broadcast. One capture in the handler
-    # is the loop between two polls; caught there again at the next capture it is where rank 0
-    # stays: its job is hung, not an idle server. Caught between its polls at different moments
-    # (a poll capture between) it still serves
+    # CPU, waking every 0.5 s) while rank 1 waits in the next broadcast. A capture or two in the
+    # handler may be the loop between two polls (each asks for another capture at once); caught
+    # there three times in a row it is where rank 0 stays: its job is hung, not an idle server.
+    # Caught polling between (a capture in its wait for requests) it still serves
     r0 = P(11, 10, torchrun_env(0, 2), gpu=0, vol_per_s=2, cpu_ticks_per_s=5, wchan="hrtimer_nanosleep")
     r1 = P(12, 10, torchrun_env(1, 2), gpu=1, look="spin", state="R", cpu_ticks_per_s=100)
     node = Node([P(10, 1), r0, r1])
@@ -473,7 +473,8 @@ def test_a_rank_holding_its_cuda_context_alone_is_not_the_one_spinning_its_gpu(s
     assert "spinning" not in p1["reason"] and p1["state"] != "waiting_peer", p1
     assert "CUDA context alone" in p1["reason"], p1["reason"]
     assert ("a process hangd cannot see" in p1["reason"]) is (spinner == "hidden"), p1["reason"]
-    said = {c.state for c in node.changes if c.pid == 12}
+    # once 3 readings show the memory no listed process holds (the first tick has one)
+    said = {c.state for c in node.changes if c.pid == 12 and c.t >= 1000.75}
     assert "waiting_peer" not in said, [(c.t, c.state, c.reason) for c in node.changes if c.pid == 12]
 
 
@@ -491,6 +492,21 @@ def test_a_rank_with_its_context_alone_spins_its_gpu_when_nobody_else_can(shared
     assert "spinning in a GPU collective" in p1["reason"], p1["reason"]
 
 
+@pytest.mark.parametrize("mem_mib", [518, 1182], ids=["context_alone", "with_its_communicator"])
+def test_a_rank_nvml_gives_sm_time_keeps_the_spin_whatever_else_is_on_its_gpu(mem_mib):
+    # NVML's per-process samples give rank 1 the SM time: the spin is its own, even on a GPU that a
+    # process hangd cannot see holds memory on, with its context alone or its stack in a wait of its own
+    r1 = P(12, 10, torchrun_env(1, 2), gpu=0, gpu_mem=mem_mib * MiB, look="spin")
+    node = Node([P(10, 1), P(11, 10, torchrun_env(0, 2), gpu=1, state="R", cpu_ticks_per_s=100), r1])
+    node.hidden[0] = (2 * GiB, "idle")
+    node.sm[12] = 90
+    node.run(3)
+    node.stack(12, EVENT)
+    node.run(8)
+    (p1,) = [p for p in node.an.processes() if p["pid"] == 12]
+    assert "spinning in a GPU collective" in p1["reason"] and "cannot see" not in p1["reason"], p1["reason"]
+
+
 def test_a_rank_blocked_on_its_own_is_cleared_of_a_spin_a_hidden_process_may_make():
     # rank 1 holds its communicator and waits on an event; its GPU spins and holds 2 GiB that no
     # listed process holds: that spin may be the hidden process's, rank 1's stack says it waits
@@ -506,3 +522,35 @@ def test_a_rank_blocked_on_its_own_is_cleared_of_a_spin_a_hidden_process_may_mak
     (inc,) = node.an.incidents()
     assert inc.kind == "nccl_stall" and inc.culprit_ranks == [1], (inc.kind, inc.culprit_ranks, inc.summary)
     assert "the spin on its GPU is that of a process hangd cannot see" in inc.summary, inc.summary
+
+
+def test_each_rank_shows_the_evidence_record_it_was_judged_on():
+    # rank 0 trains: its GPU works, it burns a core and writes its log; rank 1 waits in a collective
+    # whose main thread keeps waking (its collectives complete), on a GPU with no per-process samples
+    r0 = P(11, 10, torchrun_env(0, 2), gpu=0, look="work", state="R", cpu_ticks_per_s=100, log="/job/r0.log",
+           wchar_per_s=2000)
+    r1 = P(12, 10, torchrun_env(1, 2), gpu=1, vol_per_s=40)
+    node = Node([P(10, 1), r0, r1])
+    node.run(3)
+    node.stack(12, COLL)
+    for _ in range(6):
+        node.write_log("/job/r0.log", "[rank0]: step\n")
+        node.run(1)
+    moved = {p["pid"]: p["moved"] for p in node.an.processes()}
+    assert moved[11]["gpu_work"] == "yes: its GPU works", moved[11]
+    assert moved[11]["cpu_own_code"] == "yes: on CPU (1.0 cores)", moved[11]
+    assert moved[11]["log"] == "yes: wrote to its log", moved[11]
+    assert moved[11]["children"] == "unknown" and moved[11]["collectives"] in ("no", "unknown"), moved[11]
+    assert moved[12]["collectives"] == "yes: its collectives complete", moved[12]
+    assert moved[12]["gpu_work"] == "no" and moved[12]["log"] == "no" and moved[12]["cpu_own_code"] == "no", moved[12]
+
+
+def test_a_process_reported_by_an_older_hangd_has_an_empty_evidence_record():
+    from hangd.front import ProcessRecord
+
+    old = {"pid": 5, "rank": 0, "rank_from": "env", "job": "j", "state": "busy", "since": 1.0, "reason": "r",
+           "gpus": [0], "gpu_mem_bytes": None, "cpu_cores": None, "last_progress": None, "last_progress_why": "",
+           "command": None, "log_grew_at": None}
+    rec = ProcessRecord.of(old)
+    assert rec.moved == {} and rec.to_dict()["moved"] == {}
+    assert ProcessRecord.of({**old, "moved": {"log": "no"}}).moved == {"log": "no"}

@@ -326,16 +326,20 @@ def test_a_rank_on_its_launcher_s_store_waits_for_its_peers_and_at_start_up_is_s
     assert node.state(12) in ("waiting_peer", "busy"), _reason(node, 12)
 
 
-@pytest.mark.parametrize(("iterator", "kind"), [("_SingleProcessDataLoaderIter", "unknown"),
-                                               ("_MultiProcessingDataLoaderIter", "worker_wait"), ("", "worker_wait")],
-                         ids=["no_workers_it_fetches_itself", "workers", "py_spy_without_the_class"])
-def test_a_dataloader_without_workers_is_the_rank_s_own_work(iterator, kind):
+@pytest.mark.parametrize(("iterator", "inner", "kind"), [
+    ("_SingleProcessDataLoaderIter", [], "computing"),
+    ("_SingleProcessDataLoaderIter", [("selectors.py", "EpollSelector.select"), ("asyncio/base_events.py", "_run_once")],
+     "computing"),
+    ("_MultiProcessingDataLoaderIter", [], "worker_wait"), ("", [], "worker_wait")],
+    ids=["no_workers_it_fetches_itself", "no_workers_its_dataset_reads_the_network", "workers", "py_spy_without_the_class"])
+def test_a_dataloader_without_workers_is_the_rank_s_own_work(iterator, inner, kind):
     """As mpargv-load_slow-none's rank 0 was caught: a DataLoader with num_workers=0 runs the
-    dataset's __getitem__ in the rank itself; there is no worker to wait for."""
+    dataset's __getitem__ in the rank itself; there is no worker to wait for, and a select its
+    dataset sleeps in (an HTTP or S3 read) is its own work, not a wait for requests."""
     from hangd.analysis import stackcat
     from hangd.snapshot import Frame, ThreadStack
 
-    frames = [("/opt/job/train.py", "Data.__getitem__"), ("torch/utils/data/_utils/fetch.py", "_MapDatasetFetcher.fetch"),
+    frames = [*inner, ("/opt/job/train.py", "Data.__getitem__"), ("torch/utils/data/_utils/fetch.py", "_MapDatasetFetcher.fetch"),
               ("torch/utils/data/dataloader.py", f"{iterator}._next_data" if iterator else "_next_data"),
               ("torch/utils/data/dataloader.py", "_BaseDataLoaderIter.__next__"), ("/opt/job/train.py", "train")]
     th = ThreadStack(tid=1, name="MainThread", active=False, owns_gil=False,

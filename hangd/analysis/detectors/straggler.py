@@ -98,14 +98,15 @@ def _kept_waiting(env: Env, tr: JobTrack, pid: int, t: float) -> bool:
 def _again(secs: list[int], worked: set[int], enough: float) -> bool:
     """The waits on it recur: its seconds of keeping them waiting in which they did not work (a
     victim that worked in a second went through its collective in it), split into waits where
-    they pause, add up to ``enough`` beside the longest wait. One long wait and a short one (a
-    slow load, then a step) is no pattern; a hang in the making is one long wait."""
+    they worked between (a second missing from the readings splits nothing), add up to
+    ``enough`` beside the longest wait. One long wait and a short one (a slow load, then a step)
+    is no pattern; a hang in the making is one long wait."""
     idle = sorted(set(secs) - worked)
     if not idle:
         return False
     waits, run = [], 1
     for a, b in zip(idle, idle[1:], strict=False):
-        if b - a > 1:
+        if any(a < sec < b for sec in worked):
             waits.append(run)
             run = 1
         else:
