@@ -554,3 +554,31 @@ def test_a_process_reported_by_an_older_hangd_has_an_empty_evidence_record():
     rec = ProcessRecord.of(old)
     assert rec.moved == {} and rec.to_dict()["moved"] == {}
     assert ProcessRecord.of({**old, "moved": {"log": "no"}}).moved == {"log": "no"}
+
+
+def test_a_checkpoint_writer_s_record_says_how_fast_it_writes():
+    r0 = P(11, 10, torchrun_env(0, 2), gpu=0, state="D", wchar_per_s=100_000_000)
+    node = Node([P(10, 1), r0, P(12, 10, torchrun_env(1, 2), gpu=1)])
+    node.run(10)
+    (p0,) = [p for p in node.an.processes() if p["pid"] == 11]
+    assert p0["moved"]["write"] == "yes: wrote 100 MB/s (wchar)", p0["moved"]
+
+
+def test_the_owner_s_info_labels_carry_slurm_and_the_pod():
+    from hangd.analysis import owner
+
+    who = {"user": "ana", "slurm": {"job_id": "77", "name": "llm", "account": "ml", "partition": "h200"},
+           "pod": {"namespace": "train", "name": "p-0", "container": "main", "uid": "u-1"}}
+    assert owner.labels(who, owner.INFO_LABELS) == ["ana", "77", "train", "p-0", "llm", "ml", "h200", "main", "u-1"]
+    assert owner.labels(None) == ["", "", "", ""]
+
+
+def test_a_stack_is_classified_by_the_catalog_it_is_given():
+    from hangd.analysis import stackcat
+    from hangd.snapshot import Frame, ThreadStack
+
+    th = ThreadStack(tid=1, name="MainThread", active=False, owns_gil=False,
+                     frames=[Frame(name="wait_here", filename="/opt/job/mine.py", line=3)])
+    rules = stackcat.load_catalog('[[rule]]\nkind = "lock_wait"\npriority = 50\nwhy = "mine"\npatterns = ["mine\\\\.py:wait_here$"]\n')
+    assert stackcat.classify_thread(th, rules).kind == "lock_wait"
+    assert stackcat.classify_thread(th).kind == "unknown"
