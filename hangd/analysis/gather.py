@@ -55,6 +55,11 @@ def job_facts(an: Analyzer, jv: JobView) -> dict[str, Any]:
     peer_works = any((x := an.progress.of(o).last) is not None and x > began
                      and t - x <= th.progress_recent_s and not only_logged(an, o, jv, began)
                      for o in jv.live if o not in waiting)
+    # a peer went on working a while after the wait began: the wait was for that work, not a hang's
+    # first moment, and stays a wait for a peer (not held) when the peer then stops
+    peer_worked = any((x := an.progress.of(o).last) is not None and x > began + th.peer_worked_s
+                      and not only_logged(an, o, jv, began)
+                      for o in jv.live if o not in waiting)
     return {"hung": tr.hung, "exited": exited, "hung_why": hung_why, "hung_ref": hung_ref, "idle": idle, "idle_why": idle_why,
             # a wait read off the GPU may be a blip; any wait while nothing moves may be a hang in
             # the making; a wait for a peer that works is waiting_peer at once
@@ -63,7 +68,7 @@ def job_facts(an: Analyzer, jv: JobView) -> dict[str, Any]:
             "hold": (bool(waiting) or bool(tr.exited)) and (not recurring or everyone) and (
                 (bool(jv.spinning) and t - tr.episode_start < (th.hang_gpu_s if not peer_works else 2 * th.dwell_s))
                 or (not peer_works and jv.quiet < 2 * th.hang_host_s)),
-            "waiting": waiting, "serving": serving}
+            "waiting": waiting, "serving": serving, "peer_worked": peer_worked}
 
 def only_logged(an: Analyzer, pid: int, jv: JobView, since: float) -> bool:
     """Nothing of its work moved since ``since`` but its log (a burst of bytes, a wake-up aside),
@@ -143,7 +148,7 @@ def evidence(an: Analyzer, pid: int, jv: JobView, facts: dict[str, Any], orphane
         idle_server=facts["idle"] and not worker_stuck, idle_why=facts["idle_why"],
         # a wait on its own workers that do not move keeps what it did before, as a first wait for a
         # peer does, until the job is judged hung or the wait outlasts the hang threshold twice
-        hold=(facts["hold"] or (worker_stuck and jv.quiet < 2 * an.th.hang_host_s)) and not compile_over(held[0], loc)
+        hold=(facts["hold"] and not (pid in waiting and facts["peer_worked"]) or (worker_stuck and jv.quiet < 2 * an.th.hang_host_s)) and not compile_over(held[0], loc)
         and not waits_for_the_gone(jv, loc),
         peers_wait_for_it=peers_wait, it_waits_for=it_waits_for)
 

@@ -70,6 +70,9 @@ class Thresholds:
     gpu_seen_s: float = 10.0  # a process's GPU memory counts while NVML listed it this recently
     # decisions
     progress_recent_s: float = 5.0  # a rank progressed "recently" within this
+    # a peer that progressed this long after a rank's wait began is what the rank waits for: its wait
+    # is not held as a hang's first moment when that peer stops
+    peer_worked_s: float = 1.0
     hang_gpu_s: float = 10.0  # no progress while a rank spins in a GPU collective
     hang_host_s: float = 12.0  # no progress while stacks show ranks blocked host-side
     hang_io_s: float = 30.0  # uninterruptible sleep with no I/O

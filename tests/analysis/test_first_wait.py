@@ -172,3 +172,34 @@ def test_a_server_that_left_its_wait_for_the_cpu_is_not_read_by_the_old_stack():
     r0.state, r0.wchan, r0.cpu_ticks_per_s = "R", "0", 95  # a request came in: it runs on the CPU
     node.run(4)
     assert node.state(11) != "idle", node.an.processes()
+
+
+@pytest.mark.parametrize("peer_works_on_s, then, said", [
+    (4, dict(look="idle", wchan="hrtimer_nanosleep"), "waiting_peer"),  # writes on, then sleeps forever
+    (4, dict(look="idle", state="R", wchan="0", cpu_ticks_per_s=95), "waiting_peer"),  # ... or spins a core
+    (0.5, dict(look="idle", wchan="hrtimer_nanosleep"), "busy"),  # stopped with it: a hang's first moment, held
+], ids=["peer_worked_then_sleeps", "peer_worked_then_spins", "peer_stopped_with_it"])
+def test_a_wait_that_began_while_the_peer_worked_stays_a_wait_when_the_peer_stops(peer_works_on_s: float, then: dict,
+                                                                                  said: str):
+    """Rank 1 enters a barrier while rank 0 still writes a checkpoint; rank 0 then stops in its own
+    code. The stack that shows rank 1's wait comes after rank 0's last progress is no longer recent
+    (captures are seconds apart): rank 1 waited for rank 0's work, and still waits for rank 0. Rank 0
+    keeps what it did (a hang's first seconds), not straggler."""
+    r0 = P(11, 10, torchrun_env(0, 2), gpu=0, look="work", log="/job/log0", dist_threads=["pt_nccl_watchdg"])
+    r1 = P(12, 10, torchrun_env(1, 2), gpu=1, look="work", log="/job/log1", dist_threads=["pt_nccl_watchdg"])
+    node = Node([P(10, 1), r0, r1])
+    for _ in range(12):
+        node.write_log("/job/log0", "step\n")
+        node.write_log("/job/log1", "step\n")
+        node.run(1)
+    r1.look, r1.wchan = "idle", "futex_do_wait"  # rank 1 waits in the barrier; no stack shows it yet
+    r0.look, r0.wchar_per_s = "idle", 80_000_000  # rank 0 writes its checkpoint
+    node.run(peer_works_on_s)
+    r0.wchar_per_s = 0
+    for k, v in then.items():
+        setattr(r0, k, v)
+    node.run(6)  # rank 0's last progress is past progress_recent_s when the stack comes
+    node.stack(12, [("torch/distributed/distributed_c10d.py", "barrier"), ("train.py", "save")])
+    node.run(3)
+    assert node.state(12) == said, node.an.processes()
+    assert node.state(11) == "busy", node.an.processes()
