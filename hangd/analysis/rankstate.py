@@ -165,8 +165,8 @@ TABLE: tuple[Row, ...] = (
         "or keeps ending", State.IDLE, _idle_server),
     Row("setting_up", "it has shown nothing yet of what it is for", State.STARTING, _setting_up),
     Row("hold", "a first wait or silence in its job, or a wait on its own workers that do not move, younger than "
-        "the hang threshold, not a pattern (unless every rank waits), not yet explained by a stack, not a wait that "
-        "began while a peer went on working, and not a wait in a job a rank of which exited", "previous", _hold),
+        "the hang threshold, not a pattern (unless every rank waits), not a compiling rank whose stack now shows a "
+        "wait, not a wait that began while a peer went on working, and not a wait in a job a rank of which exited", "previous", _hold),
     Row("waits_for_peer", "it waits in a collective or the rendezvous store", State.WAITING_PEER, _waits_for_peer),
     Row("holds_others_up", "peers wait for it in a collective (not in the rendezvous store) and no work of its own explains it",
         State.STRAGGLER, _holds_others_up),
