@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from hangd.analysis import local, otherend, rankstate
+from hangd.analysis import local, otherend, rankstate, stackcat
 from hangd.analysis.detectors import hang, orphan
 from hangd.analysis.model import Local, Reading, State
 from hangd.analysis.signals import ProcSignals
-from hangd.analysis.views import JobView
+from hangd.analysis.views import JobView, ProcTrack
 
 if TYPE_CHECKING:
     from hangd.analysis.engine import Analyzer
@@ -140,6 +140,11 @@ def evidence(an: Analyzer, pid: int, jv: JobView, facts: dict[str, Any], orphane
     job_hung = facts["hung"] or (facts["exited"] and loc not in (Local.BUSY, Local.LOADING, Local.WRITING, Local.COMPILING))
     why = rd.why
     held = shown_at_progress(an, pid, t)
+    over = compile_over(held[0], loc)
+    if held[0] == State.COMPILING and left_compile(p) and not over:
+        # a stack after the compile showed it at work (the dwell had not yet said so): a first wait
+        # keeps that work, not the compile
+        held = (State.BUSY, f"done compiling; its stack after the compile: {p.verdict.why} ({p.verdict.frame})")
     return rankstate.Evidence(
         local=loc, why=why, progress=progress, how=how, waits_on=waiting_on, waits_detail=detail,
         started=p.started, first_evidence=first_evidence(an, pid, jv), previous=held[0], why_previous=held[1],
@@ -148,8 +153,9 @@ def evidence(an: Analyzer, pid: int, jv: JobView, facts: dict[str, Any], orphane
         idle_server=facts["idle"] and not worker_stuck, idle_why=facts["idle_why"],
         # a wait on its own workers that do not move keeps what it did before, as a first wait for a
         # peer does, until the job is judged hung or the wait outlasts the hang threshold twice
-        hold=(facts["hold"] and not (pid in waiting and facts["peer_worked"]) or (worker_stuck and jv.quiet < 2 * an.th.hang_host_s)) and not compile_over(held[0], loc)
-        and not waits_for_the_gone(jv, loc),
+        hold=(facts["hold"] and not (pid in waiting and facts["peer_worked"])
+              or (worker_stuck and jv.quiet < 2 * an.th.hang_host_s))
+        and not over and not waits_for_the_gone(jv, loc),
         peers_wait_for_it=peers_wait, it_waits_for=it_waits_for)
 
 def store_wait(an: Analyzer, pid: int) -> bool:
@@ -189,6 +195,13 @@ def compile_over(previous: State | None, loc: Local) -> bool:
     """A rank said to compile whose stack now shows it waiting for a peer (a collective, the store)
     has finished compiling: keeping "compiling" through a first wait would say it still works."""
     return previous == State.COMPILING and loc == Local.WAITING
+
+
+def left_compile(p: ProcTrack) -> bool:
+    """Its newest stack, taken after its last compiling one, places it outside the compiler (its
+    compiled model running, its own loop)."""
+    return p.verdict.kind not in stackcat.COMPILE_KINDS and p.verdict.known and p.verdict_t is not None \
+        and p.compiled_at is not None and p.verdict_t > p.compiled_at
 
 
 def progress_record(an: Analyzer, pid: int, s: ProcSignals, t: float) -> tuple[dict[str, rankstate.Moved], dict[str, str]]:

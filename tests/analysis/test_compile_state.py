@@ -21,6 +21,7 @@ CODEGEN = [("torch/_inductor/codegen/cpp.py", "codegen_kernel"), ("torch/_induct
            ("torch/_inductor/compile_fx.py", "fx_codegen_and_compile"), ("train.py", "main")]
 BARRIER = [("torch/distributed/distributed_c10d.py", "barrier"), ("train.py", "main")]
 TRAIN = [("train.py", "step"), ("train.py", "main")]
+FORWARD = [("torch/nn/modules/module.py", "Module._call_impl"), ("train.py", "step"), ("train.py", "main")]
 
 
 def cpu_job() -> Node:
@@ -180,3 +181,24 @@ def test_a_stack_that_named_nothing_is_taken_again_once_the_rank_works_on():
     t0 = info["meta"]["t_start"]
     for pid in info["meta"]["ranks"].values():
         assert any(6 <= t - t0 <= 10 for t in asked[pid]), (pid, [round(t - t0, 1) for t in asked[pid]])
+
+
+@pytest.mark.parametrize("newest, want", [(FORWARD, "busy"), (CODEGEN, "compiling")], ids=["model_runs", "compiles_on"])
+def test_a_first_wait_after_a_stack_out_of_the_compiler_keeps_no_compile(newest, want):
+    """The compiled model runs (a stack in its own model, taken after the compiling one), then it
+    stops while its peer waits in a barrier: the first wait is held, but what it keeps is not
+    "compiling" (recorded mpargv-compile-stuck-select_pipe: "compiling" kept 6 s into a hang after
+    the compiled steps ran). Caught compiling again, it keeps "compiling"."""
+    node = cpu_job()
+    for pid in (11, 12):
+        node.stack(pid, CODEGEN)
+    node.run(3)
+    assert node.state(11) == "compiling"
+    node.stack(11, newest)
+    node.run(1)
+    for pid in (11, 12):
+        p = node.procs[pid]
+        p.state, p.wchan, p.cpu_ticks_per_s = "S", "futex_do_wait", 0
+    node.stack(12, BARRIER)
+    node.run(4)
+    assert node.state(11) == want, node.an.tracks[11].reason
