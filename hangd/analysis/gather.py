@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from hangd.analysis import local, otherend, rankstate, stackcat
+from hangd.analysis import local, otherend, rankstate
 from hangd.analysis.detectors import hang, orphan
 from hangd.analysis.model import Local, Reading, State
 from hangd.analysis.signals import ProcSignals
@@ -141,7 +141,7 @@ def evidence(an: Analyzer, pid: int, jv: JobView, facts: dict[str, Any], orphane
     why = rd.why
     held = shown_at_progress(an, pid, t)
     over = compile_over(held[0], loc)
-    if held[0] == State.COMPILING and left_compile(p) and not over:
+    if held[0] == State.COMPILING and ran_after_compile(p) and not over:
         # a stack after the compile showed it at work (the dwell had not yet said so): a first wait
         # keeps that work, not the compile
         held = (State.BUSY, f"done compiling; its stack after the compile: {p.verdict.why} ({p.verdict.frame})")
@@ -197,11 +197,11 @@ def compile_over(previous: State | None, loc: Local) -> bool:
     return previous == State.COMPILING and loc == Local.WAITING
 
 
-def left_compile(p: ProcTrack) -> bool:
-    """Its newest stack, taken after its last compiling one, places it outside the compiler (its
-    compiled model running, its own loop)."""
-    return p.verdict.kind not in stackcat.COMPILE_KINDS and p.verdict.known and p.verdict_t is not None \
-        and p.compiled_at is not None and p.verdict_t > p.compiled_at
+def ran_after_compile(p: ProcTrack) -> bool:
+    """Its newest stack, taken after its last compiling one, shows its compiled model running (a
+    wait or a lock there is no work to keep)."""
+    return p.verdict.kind == "computing" and p.verdict_t is not None and p.compiled_at is not None \
+        and p.verdict_t > p.compiled_at
 
 
 def progress_record(an: Analyzer, pid: int, s: ProcSignals, t: float) -> tuple[dict[str, rankstate.Moved], dict[str, str]]:
