@@ -339,7 +339,8 @@ class Analyzer:
             # broadcast): on little CPU, its wait for requests holds wherever it is caught between
             fresh = p.verdict_t is not None and t - p.verdict_t <= th.verdict_fresh_s and \
                 (pr.last_strong is None or pr.last_strong <= p.verdict_t + th.window_s) and \
-                (_polls(p, s, th) or _same_wait_point(p.verdict_wchan, s, th))
+                (_polls(p, s, th) or _same_wait_point(p.verdict_wchan, s, th)) and \
+                not _ran_since(p, s, t, th)
         p.other_end = otherend.other_end(self.view, pid)  # once a tick: gather reads it off the track
         # a stack in its own code (none of the compiler's frames) taken after its last compiling one
         out = p.verdict.kind not in stackcat.COMPILE_KINDS and p.verdict_t is not None and bool(p.stack_sig) and \
@@ -582,6 +583,14 @@ def _wait_point(h: ProcHistory) -> str | None:
         if ps.state != "t":
             return ps.wchan
     return None
+
+
+def _ran_since(p: ProcTrack, s: ProcSignals, t: float, th: Thresholds) -> bool:
+    """On the CPU for a whole window since a stack that showed it asleep in a wait (the store, a
+    lock, a queue, a sleep): a process asleep burns no core, so it has left that wait. (A wait in a
+    collective may spin a core: CUDA's synchronize, a transport's busy poll.)"""
+    return p.verdict.kind in stackcat.SLEEPING_KINDS and p.verdict_t is not None and \
+        t - p.verdict_t >= th.window_s and (s.cpu_cores or 0) >= th.busy_cpu_cores and s.state == "R"
 
 
 def _polls(p: ProcTrack, s: ProcSignals | None, th: Thresholds) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from hangd.analysis import local, otherend, rankstate
+from hangd.analysis import local, otherend, rankstate, stackcat
 from hangd.analysis.detectors import hang, orphan
 from hangd.analysis.model import Local, Reading, State
 from hangd.analysis.signals import ProcSignals
@@ -344,7 +344,7 @@ def first_evidence(an: Analyzer, pid: int, jv: JobView) -> bool:
                          or own_cpu_before_nccl(an, pid, jv))
     moving = loc in (Local.LOADING, Local.WRITING) and (bool(s.gpu_indexes) or s.age_s >= th.startup_imports_s) \
         and t - (p.working_since or t) >= th.startup_work_s
-    if working and (fresh and p.verdict.known or s.age_s >= th.startup_cpu_s or moving or dist_up):
+    if working and (fresh and p.verdict.known and p.verdict.kind not in stackcat.SLEEPING_KINDS or s.age_s >= th.startup_cpu_s or moving or dist_up):
         # its own code (a stack says so), past the imports, moving data faster than imports do, or
         # driving its GPU with its process group up
         return True

@@ -24,6 +24,10 @@ WORK_KINDS = frozenset({"compile_setup", "compiling", "loading", "graph_capture"
 OWN_WAIT_KINDS = frozenset({"lock_wait", "worker_wait"})
 # Kinds that show it compiling: ``compile_setup`` is the torch.compile() call importing its compiler
 COMPILE_KINDS = frozenset({"compile_setup", "compiling"})
+# Waits a process sleeps in, burning no core: the rendezvous store, a lock, a queue, its workers, a
+# sleep. Not a collective (CUDA's synchronize and a transport's busy poll spin a core), nor a
+# server's poll loop (an idle SGLang scheduler polls its sockets on a whole core by default)
+SLEEPING_KINDS = frozenset({"store", "lock_wait", "worker_wait", "sleeping"})
 # The compiler's own modules: code their import runs (decorators registering polyfills, rule
 # tables: DDP and torch.save import torch._dynamo lazily in plain training) is importing, not compiling
 COMPILER_MODULES = re.compile(r"torch/_dynamo/|torch/_inductor/|torch/_functorch/|triton/")
