@@ -360,6 +360,17 @@ POLL = [("threading.py", "wait", 359), ("queue.py", "get", 180)] + OUTER
 STEP = [("srv.py", "broadcast_batch", 85), ("srv.py", "serve", 67), ("srv.py", "main", 90)]
 
 
+def _polling_server(r0: P, r1: P) -> Node:
+    """The launcher and the two ranks after 5 s; then a capture shows rank 0 polling its request
+    queue and rank 1 in the broadcast (COLL), and 4 s more pass."""
+    node = Node([P(10, 1), r0, r1])
+    node.run(5)
+    node.pending_stacks.append(_server_stack(11, POLL))
+    node.stack(12, COLL)
+    node.run(4)
+    return node
+
+
 @pytest.mark.parametrize("rank0_cpu, hang", [(20, False), (100, True)], ids=["polls_on_little_cpu", "spins_in_its_loop"])
 def test_a_server_caught_between_its_polls_stays_an_idle_server(rank0_cpu: int, hang: bool):
     # an NCCL server: rank 0 polls a queue its listener thread fills and broadcasts the empty batch,
@@ -368,11 +379,7 @@ def test_a_server_caught_between_its_polls_stays_an_idle_server(rank0_cpu: int, 
     # burns a core in that loop has left its polls: no idle server, and its job hangs
     r0 = P(11, 10, torchrun_env(0, 2), gpu=0, vol_per_s=20, cpu_ticks_per_s=rank0_cpu)
     r1 = P(12, 10, torchrun_env(1, 2), gpu=0, look="spin", state="R", cpu_ticks_per_s=100)
-    node = Node([P(10, 1), r0, r1])
-    node.run(5)
-    node.pending_stacks.append(_server_stack(11, POLL))
-    node.stack(12, COLL)
-    node.run(4)
+    node = _polling_server(r0, r1)
     node.pending_stacks.append(_server_stack(11, STEP))
     for i in range(40 * 4):
         r0.state, r0.wchan = ("R", "0") if i % 3 == 0 else ("S", "futex_do_wait" if i % 2 else "hrtimer_nanosleep")
@@ -396,11 +403,7 @@ def test_a_server_caught_again_and_again_at_one_place_outside_its_wait_is_there(
     # Caught polling between (a capture in its wait for requests) it still serves
     r0 = P(11, 10, torchrun_env(0, 2), gpu=0, vol_per_s=2, cpu_ticks_per_s=5, wchan="hrtimer_nanosleep")
     r1 = P(12, 10, torchrun_env(1, 2), gpu=1, look="spin", state="R", cpu_ticks_per_s=100)
-    node = Node([P(10, 1), r0, r1])
-    node.run(5)
-    node.pending_stacks.append(_server_stack(11, POLL))
-    node.stack(12, COLL)
-    node.run(4)
+    node = _polling_server(r0, r1)
     for frames in captures:
         node.pending_stacks.append(_server_stack(11, frames))
         node.run(5)

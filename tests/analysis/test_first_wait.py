@@ -23,6 +23,19 @@ ON_ITS_WORKER = dict(wchan="poll_schedule_timeout", wait_syscall="pselect6",
 ON_CPU = dict(state="R", wchan="0", cpu_ticks_per_s=95)
 
 
+def _training(extra_procs: tuple[P, ...] = ()) -> tuple[Node, P, P]:
+    """Two ranks (and the launcher, and any extra processes) after 12 s of training: both work on
+    their GPUs and log each second. Returns the node, rank 0 and rank 1."""
+    r0 = P(11, 10, torchrun_env(0, 2), gpu=0, look="work", log="/job/log0", dist_threads=["pt_nccl_watchdg"])
+    r1 = P(12, 10, torchrun_env(1, 2), gpu=1, look="work", log="/job/log1", dist_threads=["pt_nccl_watchdg"])
+    node = Node([P(10, 1), r0, r1, *extra_procs])
+    for _ in range(12):
+        node.write_log("/job/log0", "step\n")
+        node.write_log("/job/log1", "step\n")
+        node.run(1)
+    return node, r0, r1
+
+
 @pytest.mark.parametrize("after_its_log_line, said", [
     (ASLEEP, "busy"),  # asleep in its own code: a first wait, held
     (ON_ITS_WORKER, "busy"),  # blocked on its own worker, which sleeps: held too
@@ -30,14 +43,8 @@ ON_CPU = dict(state="R", wchan="0", cpu_ticks_per_s=95)
     (dict(look="work"), "waiting_peer"),  # back at work on its GPU: the same
 ], ids=["asleep", "on_its_sleeping_worker", "on_cpu", "on_its_gpu"])
 def test_a_first_wait_for_a_rank_that_only_logged_is_held(after_its_log_line: dict, said: str):
-    r0 = P(11, 10, torchrun_env(0, 2), gpu=0, look="work", log="/job/log0", dist_threads=["pt_nccl_watchdg"])
-    r1 = P(12, 10, torchrun_env(1, 2), gpu=1, look="work", log="/job/log1", dist_threads=["pt_nccl_watchdg"])
     worker = P(13, 11, cmdline=["python", "-c", "worker"], wchan="hrtimer_nanosleep")
-    node = Node([P(10, 1), r0, r1, worker])
-    for _ in range(12):  # training: both work on their GPUs and log each second
-        node.write_log("/job/log0", "step\n")
-        node.write_log("/job/log1", "step\n")
-        node.run(1)
+    node, r0, r1 = _training((worker,))
     assert node.state(12) == "busy"
     # rank 0 stops; rank 1 waits for it in a collective
     r0.look = r1.look = "idle"
@@ -83,13 +90,7 @@ def test_the_rank_of_an_idle_server_is_idle_after_the_dwell(coordinator: dict, s
 def test_a_wait_is_dated_from_the_waiting_rank_s_last_progress_not_from_its_stack(peer_works_on_s: int, said: str):
     """A stack shows a wait seconds after it began (captures are seconds apart): what the peer did
     in between counts as done while the rank waited."""
-    r0 = P(11, 10, torchrun_env(0, 2), gpu=0, look="work", log="/job/log0", dist_threads=["pt_nccl_watchdg"])
-    r1 = P(12, 10, torchrun_env(1, 2), gpu=1, look="work", log="/job/log1", dist_threads=["pt_nccl_watchdg"])
-    node = Node([P(10, 1), r0, r1])
-    for _ in range(12):
-        node.write_log("/job/log0", "step\n")
-        node.write_log("/job/log1", "step\n")
-        node.run(1)
+    node, r0, r1 = _training()
     r1.look = "idle"  # rank 1 waits; no stack has shown it yet
     node.run(peer_works_on_s)
     r0.look, r0.wchan = "idle", "hrtimer_nanosleep"  # rank 0 stops too
@@ -185,13 +186,7 @@ def test_a_wait_that_began_while_the_peer_worked_stays_a_wait_when_the_peer_stop
     code. The stack that shows rank 1's wait comes after rank 0's last progress is no longer recent
     (captures are seconds apart): rank 1 waited for rank 0's work, and still waits for rank 0. Rank 0
     keeps what it did (a hang's first seconds), not straggler."""
-    r0 = P(11, 10, torchrun_env(0, 2), gpu=0, look="work", log="/job/log0", dist_threads=["pt_nccl_watchdg"])
-    r1 = P(12, 10, torchrun_env(1, 2), gpu=1, look="work", log="/job/log1", dist_threads=["pt_nccl_watchdg"])
-    node = Node([P(10, 1), r0, r1])
-    for _ in range(12):
-        node.write_log("/job/log0", "step\n")
-        node.write_log("/job/log1", "step\n")
-        node.run(1)
+    node, r0, r1 = _training()
     r1.look, r1.wchan = "idle", "futex_do_wait"  # rank 1 waits in the barrier; no stack shows it yet
     r0.look, r0.wchar_per_s = "idle", 80_000_000  # rank 0 writes its checkpoint
     node.run(peer_works_on_s)
