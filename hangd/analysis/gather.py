@@ -8,6 +8,7 @@ working); they decide nothing themselves.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from hangd.analysis import local, otherend, rankstate, stackcat
@@ -76,7 +77,7 @@ def only_logged(an: Analyzer, pid: int, jv: JobView, since: float) -> bool:
     of its own none of which works (a server that logs the request it takes, then sleeps in it). A
     rank that worked and stopped (its GPU's last kernels, its bytes written) is not one."""
     s, loc = jv.sigs[pid], jv.readings[pid].local
-    idle = loc == Local.QUIET or loc == Local.WORKER_WAIT and not any(an.view.cpu_works(c, jv.t) for c in an.view.children(pid))
+    idle = loc == Local.QUIET or loc == Local.WORKER_WAIT and not any(an.view.cpu_works(c, jv.t) for c in an.view.workers(pid, jv.job.ranks))
     strong = an.progress.of(pid).last_strong
     return idle and (strong is None or strong <= since or s.log_grew_at is not None and s.log_grew_at >= strong)
 
@@ -126,7 +127,7 @@ def evidence(an: Analyzer, pid: int, jv: JobView, facts: dict[str, Any], orphane
     job, t = jv.job, jv.t
     s, rd, p = jv.sigs[pid], jv.readings[pid], an._track(pid)
     waiting, serving = facts["waiting"], facts["serving"]
-    progress, how = progress_record(an, pid, s, t)
+    progress, how = progress_record(an, pid, s, t, job.ranks)
     waiting_on, detail = waits_on(an, pid, jv)
     loc = rd.local
     # peers in a collective (a rank that waits in its start-up's rendezvous waits for the job to
@@ -204,7 +205,8 @@ def ran_after_compile(p: ProcTrack) -> bool:
         and p.verdict_t > p.compiled_at
 
 
-def progress_record(an: Analyzer, pid: int, s: ProcSignals, t: float) -> tuple[dict[str, rankstate.Moved], dict[str, str]]:
+def progress_record(an: Analyzer, pid: int, s: ProcSignals, t: float,
+                    ranks: Collection[int]) -> tuple[dict[str, rankstate.Moved], dict[str, str]]:
     th = an.th
     M = rankstate.Moved
     out: dict[str, rankstate.Moved] = {}
@@ -230,7 +232,7 @@ def progress_record(an: Analyzer, pid: int, s: ProcSignals, t: float) -> tuple[d
     put("stack", p.stack_sig_t is not None, bool(p.stack_sig_t and an.progress.of(pid).why.startswith("its stack")
                                                  and t - (an.progress.of(pid).last or 0) <= th.window_s),
         "its stack changed")
-    kids = an.view.children(pid)
+    kids = an.view.workers(pid, ranks)
     busy = [c for c in kids if an.view.cpu_works(c, t)]
     put("children", bool(kids), bool(busy), f"its workers pid {', '.join(map(str, busy[:4]))} work")
     return out, how
@@ -266,7 +268,7 @@ def waits_on(an: Analyzer, pid: int, jv: JobView) -> tuple[rankstate.WaitsOn, st
     if loc == Local.WORKER_WAIT and oe is not None and oe.kind == otherend.OWN_THREAD:
         return W.OWN_WORKER, "a thread of its own"
     if loc == Local.WORKER_WAIT:
-        mine = an.view.children(pid)
+        mine = an.view.workers(pid, jv.job.ranks)
         if oe is not None and oe.kind == otherend.OWN_WORKER and oe.pids and not set(oe.pids) & set(mine):
             return W.OWN_WORKER, oe.what  # its launcher, or another process of its job: not a worker of its own
         held = [p for p in oe.pids if p in an.view.procs] if oe is not None and oe.kind == otherend.OWN_WORKER \

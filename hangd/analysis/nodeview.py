@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import tomllib
 from collections import deque
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
@@ -327,6 +328,12 @@ class NodeView:
         """Live processes it started (DataLoader workers, pool processes, subprocesses)."""
         return [c for c, h in self.procs.items()
                 if h.gone_at is None and (lp := h.latest()) is not None and lp.ppid == pid and lp.state not in ("Z", "X")]
+
+    def workers(self, pid: int, ranks: Collection[int]) -> list[int]:
+        """Its children that are no ranks of its job: a rank that started the others (a parent
+        holding a GPU itself, multiprocessing with the rank as an argument) waits for them as peers,
+        and their work, or their spin in a collective, is not a worker of its own working."""
+        return [c for c in self.children(pid) if c not in ranks]
 
     def cpu_works(self, pid: int, t: float) -> bool:
         """On the CPU over the window, or runnable most of it on a host short of cores (a starting

@@ -77,7 +77,7 @@ def stuck_in_own_wait(env: Env, jv: JobView, pid: int) -> bool:
         return False
     if jv.readings[pid].local not in (Local.QUIET, Local.WORKER_WAIT) or (s.cpu_cores or 0) >= th.cpu_active_cores:
         return False
-    if any(env.view.cpu_works(c, jv.t) for c in env.view.children(pid)):
+    if any(env.view.cpu_works(c, jv.t) for c in env.view.workers(pid, jv.job.ranks)):
         return False
     return s.asleep_s >= max(th.hang_stuck_s, jv.t - tp.verdict_t)
 

@@ -123,7 +123,7 @@ def _stuck_now(env: Env, jv: JobView, pid: int) -> bool:
     if rd is None:
         return False
     return rd.local == Local.STOPPED or rd.local == Local.WORKER_WAIT and \
-        not any(env.view.cpu_works(c, jv.t) for c in env.view.children(pid))
+        not any(env.view.cpu_works(c, jv.t) for c in env.view.workers(pid, jv.job.ranks))
 
 
 def _hang_within(env: Env, job_id: str, since: float) -> bool:
