@@ -77,7 +77,7 @@ def only_logged(an: Analyzer, pid: int, jv: JobView, since: float) -> bool:
     of its own none of which works (a server that logs the request it takes, then sleeps in it). A
     rank that worked and stopped (its GPU's last kernels, its bytes written) is not one."""
     s, loc = jv.sigs[pid], jv.readings[pid].local
-    idle = loc == Local.QUIET or loc == Local.WORKER_WAIT and not any(an.view.cpu_works(c, jv.t) for c in an.view.workers(pid, jv.job.ranks))
+    idle = loc == Local.QUIET or loc == Local.WORKER_WAIT and not an.view.workers_work(pid, jv.job.ranks, jv.t)
     strong = an.progress.of(pid).last_strong
     return idle and (strong is None or strong <= since or s.log_grew_at is not None and s.log_grew_at >= strong)
 
@@ -137,7 +137,7 @@ def evidence(an: Analyzer, pid: int, jv: JobView, facts: dict[str, Any], orphane
         if peers and pid not in waiting and pid not in serving else ""
     it_waits_for = ", ".join(str(job.ranks[o]) for o in jv.by_rank([o for o in jv.live if o != pid and o not in waiting])) \
         if loc.waits_for_peer else ""
-    worker_stuck = loc == Local.WORKER_WAIT and progress.get("children") != rankstate.Moved.YES
+    worker_stuck = loc == Local.WORKER_WAIT and not an.view.workers_work(pid, job.ranks, t)
     job_hung = facts["hung"] or (facts["exited"] and loc not in (Local.BUSY, Local.LOADING, Local.WRITING, Local.COMPILING))
     why = rd.why
     held = shown_at_progress(an, pid, t)

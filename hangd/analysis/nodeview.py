@@ -335,6 +335,12 @@ class NodeView:
         and their work, or their spin in a collective, is not a worker of its own working."""
         return [c for c in self.children(pid) if c not in ranks]
 
+    def workers_work(self, pid: int, ranks: Collection[int], t: float) -> bool:
+        """A worker of its own works while its main thread waits on them: a child that is no rank
+        of its job, or a thread of its own (a pool's thread computing: the process on the CPU
+        while its main thread sleeps)."""
+        return self.cpu_works(pid, t) or any(self.cpu_works(c, t) for c in self.workers(pid, ranks))
+
     def cpu_works(self, pid: int, t: float) -> bool:
         """On the CPU over the window, or runnable most of it on a host short of cores (a starting
         spawn worker importing torch gets 0.1 of a core at load 15)."""

@@ -132,3 +132,24 @@ def test_one_long_wait_then_short_ones_is_a_straggler_only_if_they_recur(short_w
     node.procs[11].look = "work"
     node.run(20)
     assert (("straggler", [1]) in _stragglers(node)) is straggler, [(i.kind, i.summary) for i in node.an.incidents()]
+
+
+
+POOL = [("concurrent/futures/_base.py", "Future.result", 449), ("train.py", "preprocess", 52), ("train.py", "main", 40)]
+
+
+def test_a_rank_slow_on_a_thread_of_its_own_that_works_is_a_straggler():
+    """Rank 1 does its step's work in a thread pool, its main thread asleep on the future all the
+    while (the process burns a core); rank 0 works a second each step, then waits two for rank 1.
+    A thread at work is slow work, as a working DataLoader worker is: a straggler, not a rank
+    that "runs no more"."""
+    node = _pair()
+    r0, r1 = node.procs[11], node.procs[12]
+    r1.look, r1.state, r1.wchan, r1.cpu_ticks_per_s = "idle", "S", "futex_do_wait", 100
+    for _ in range(12):
+        r0.look = "work"
+        node.stack(12, POOL)
+        node.run(1)
+        r0.look = "spin"
+        node.run(2)
+    assert ("straggler", [1]) in _stragglers(node), [(i.kind, i.summary) for i in node.an.incidents()]

@@ -117,13 +117,13 @@ def _again(secs: list[int], worked: set[int], enough: float) -> bool:
 
 def _stuck_now(env: Env, jv: JobView, pid: int) -> bool:
     """It does not run late, it runs no more: stopped, or blocked on workers of its own none of
-    which works (a DataLoader worker that blocked). Slow data (workers that work) makes a
+    which works (a DataLoader worker that blocked; a pool's thread at work keeps it running). Slow data (workers that work) makes a
     straggler; this is a hang in the making, which the hang detector reports."""
     rd = jv.readings.get(pid)
     if rd is None:
         return False
     return rd.local == Local.STOPPED or rd.local == Local.WORKER_WAIT and \
-        not any(env.view.cpu_works(c, jv.t) for c in env.view.workers(pid, jv.job.ranks))
+        not env.view.workers_work(pid, jv.job.ranks, jv.t)
 
 
 def _hang_within(env: Env, job_id: str, since: float) -> bool:
