@@ -97,7 +97,14 @@ def classify(s: ProcSignals, ctx: Context, th: Thresholds) -> Reading:
         return Reading(Local.BUSY, (f"GPU working: tensor {g.tensor or 0:.0f}%, DRAM {g.dram or 0:.0f}%, NVLink "
                                     f"{g.nvlink_mibs or 0:.0f} MiB/s, {g.power_w or 0:.0f} W") if g.has_gpm else
                        f"GPU working: util {g.util or 0:.0f}%, memory controller {g.util_mem or 0:.0f}%")
-    # a kernel spinning on its GPU is a wait, whatever its last stack or log said it was doing
+    # a kernel spinning on its GPU is a wait, whatever its last stack or log said it was doing,
+    # unless bytes go through its read and write calls at a transport's rate all the while: NCCL
+    # over sockets (no shared memory or NVLink between the two: ranks sharing one GPU, nodes with
+    # no RDMA) moves each collective's data that way, and its kernels spin between the chunks
+    if g.spins(th) and s.gpu_shared and over_sockets(s, th):
+        return Reading(Local.BUSY, f"its collectives move {max(s.in_long_per_s or 0, s.out_long_per_s or 0) / 1e6:.1f} "
+                                   f"MB/s through its sockets while its GPU waits on them (util {g.util or 0:.0f}%, "
+                                   f"SM {g.sm or 0:.0f}%)")
     if g.spins(th):
         return Reading(Local.SPINNING, (f"spinning in a GPU collective: util {g.util or 0:.0f}% but SM {g.sm or 0:.0f}%, "
                                         f"tensor {g.tensor or 0:.0f}%, DRAM {g.dram or 0:.0f}%, no NVLink traffic, "
@@ -174,6 +181,19 @@ def compile_goes_on(s: ProcSignals, th: Thresholds) -> bool:
         return False
     return s.compile_children > 0 or (s.cpu_cores or 0) >= th.compile_cpu_cores or starved(s, th) or \
         (s.wchar_per_s or 0) >= th.io_bytes_per_s or (s.write_per_s or 0) >= th.io_bytes_per_s
+
+
+def over_sockets(s: ProcSignals, th: Thresholds) -> bool:
+    """Bytes through its read or write calls at a socket transport's rate, steady (in half the
+    seconds of the I/O window or more), under a loader's rate now and over the window, with no
+    burst at a loader's rate in the last ``window_s``: a collective whose data moves. A rank
+    spinning in a collective for good moves none, and a load's last bursts come at a loader's
+    rate, then stop."""
+    steady, now = th.io_window_s / 2, max(s.rchar_per_s or 0, s.read_per_s or 0, s.wchar_per_s or 0, s.write_per_s or 0)
+    loading = s.in_quiet_s is not None and s.in_quiet_s <= th.window_s
+    return now < th.load_read_per_s and not loading and any(
+        th.socket_char_per_s <= (rate or 0) < th.load_read_per_s and active >= steady
+        for rate, active in ((s.in_long_per_s, s.in_active_s), (s.out_long_per_s, s.out_active_s)))
 
 
 def paged_in(s: ProcSignals, th: Thresholds) -> bool:
