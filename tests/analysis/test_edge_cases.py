@@ -1034,3 +1034,17 @@ def test_a_stack_moved_only_when_its_calls_differ_not_the_line_of_a_loop(second,
     hangs = [i for i in node.an.incidents() if i.kind == "host_stall"]
     if not moved:
         assert len(hangs) == 1 and hangs[0].culprit_ranks == [0], [(i.kind, i.culprit_ranks) for i in node.an.incidents()]
+
+
+def test_a_worker_that_worked_then_stopped_is_said_still_since_it_stopped():
+    # its DataLoader worker decoded batches for 4 s, then blocked in its __getitem__: "for N s"
+    # counts from when its CPU time last moved, not from the first reading kept
+    worker = P(21, 11, cpu_ticks_per_s=100, state="R", wchan="0")
+    node = Node([P(10, 1), P(11, 10, torchrun_env(0, 1), gpu=0), worker])
+    node.run(4)
+    worker.cpu_ticks_per_s, worker.state, worker.wchan = 0, "S", "futex_wait_queue"
+    node.run(3)
+    node.stack(11, [("torch/utils/data/dataloader.py", "_next_data"), ("train.py", "step")])
+    node.run(3)
+    reason = _reason(node, 11)
+    assert "its DataLoader worker pid 21 (sleeping in futex_wait_queue for 6 s)" in reason, reason

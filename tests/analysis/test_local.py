@@ -94,6 +94,9 @@ ROWS = [
     ("graph capture: memory grows while the GPU runs bursts",
      sig(gpu=CAPTURE, state="R", gpu_mem_rate=300e6, gpu_mem_rate_before=300e6), None, Local.GRAPH_CAPTURE),
     ("compile workers under it", sig(gpu=IDLE, state="R", cpu_cores=1.0, compile_children=8), None, Local.COMPILING),
+    # inductor's single compile of a small graph (compile_threads=1): one compiler process under it
+    ("one compiler process under it", sig(gpu=IDLE, state="R", cpu_cores=0.4, compile_children=1), None,
+     Local.COMPILING),
     ("stopped", sig(gpu=SPINS, state="T"), None, Local.STOPPED),
     ("zombie", sig(state="Z"), None, Local.ZOMBIE),
     ("uninterruptible I/O, no bytes moving", sig(gpu=IDLE, state="D", d_fraction=1.0, wchan="nfs_wait"), None, Local.IO_WAIT),

@@ -153,3 +153,15 @@ def test_a_rank_slow_on_a_thread_of_its_own_that_works_is_a_straggler():
         r0.look = "spin"
         node.run(2)
     assert ("straggler", [1]) in _stragglers(node), [(i.kind, i.summary) for i in node.an.incidents()]
+
+
+def test_a_rank_kept_waiting_step_after_step_is_said_to_wait():
+    """Waits that recur are a pattern, not a hang's first seconds: the rank kept waiting is shown
+    `waiting_peer` in them, not held at its work (a wait every rank is in is held: each rank's own
+    collectives, a moment each)."""
+    node = _pair()
+    said = []
+    for _ in range(10):
+        _step(node, 1, 3)
+        said.append(node.state(11))
+    assert said[-4:] == ["waiting_peer"] * 4, said
