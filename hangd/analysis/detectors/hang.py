@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hangd.analysis import hardware, report, stackcat
+from hangd.analysis import hardware, otherend, report, stackcat
 from hangd.analysis.detectors import Env
 from hangd.analysis.local import WAIT_VERDICTS
 from hangd.analysis.model import Local, Strength
@@ -69,17 +69,26 @@ def decide(env: Env, jv: JobView) -> IncidentKind | None:
 
 
 def stuck_in_own_wait(env: Env, jv: JobView, pid: int) -> bool:
-    """Blocked in a wait of its own (``stackcat.OWN_WAIT_KINDS``) that no timeout ends: its main thread has not woken
-    since its stack showed the wait, nor for ``hang_stuck_s``, it uses no CPU, and no worker of it
-    works (a timed wait, a poll loop, a DataLoader's queue read that checks its workers, all wake)."""
+    """Blocked in a wait of its own that no timeout ends: its stack showed the wait
+    (``stackcat.OWN_WAIT_KINDS``) and its main thread has not woken since, or its descriptors place
+    its main thread's wait on a thread or worker of its own (``otherend``); asleep ``hang_stuck_s``
+    at least, on no CPU, and no worker of it works (a timed wait, a poll loop, a DataLoader's queue
+    read that checks its workers, all wake)."""
     th, s, tp = env.th, jv.sigs[pid], env.tracks.get(pid)
-    if tp is None or tp.verdict_t is None or tp.verdict.kind not in stackcat.OWN_WAIT_KINDS or s.asleep_s is None:
+    if tp is None or s.asleep_s is None:
+        return False
+    by_stack = tp.verdict_t is not None and tp.verdict.kind in stackcat.OWN_WAIT_KINDS
+    oe = tp.other_end
+    by_descriptors = oe is not None and oe.kind in (otherend.OWN_THREAD, otherend.OWN_WORKER) \
+        and jv.readings[pid].local == Local.WORKER_WAIT
+    if not (by_stack or by_descriptors):
         return False
     if jv.readings[pid].local not in (Local.QUIET, Local.WORKER_WAIT) or (s.cpu_cores or 0) >= th.cpu_active_cores:
         return False
     if any(env.view.cpu_works(c, jv.t) for c in env.view.workers(pid, jv.job.ranks)):
         return False
-    return s.asleep_s >= max(th.hang_stuck_s, jv.t - tp.verdict_t)
+    since_stack = jv.t - tp.verdict_t if by_stack and tp.verdict_t is not None else 0.0
+    return s.asleep_s >= max(th.hang_stuck_s, since_stack)
 
 
 def _exception_as_it_stopped(env: Env, jv: JobView) -> bool:
