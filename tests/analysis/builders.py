@@ -172,6 +172,26 @@ def torchrun_env(rank: int, world: int, port: int = 29500, run_id: str = "none",
             "MASTER_PORT": str(port), "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_RESTART_COUNT": "0", **extra}
 
 
+ON_CPU = dict(state="R", wchan="0", cpu_ticks_per_s=95)
+
+
+def logged_cpu_pair(rank1_parent: int = 10, run_id: str = "none", extra: tuple[P, ...] = (),
+                    seconds: int = 15) -> tuple[Node, P, P]:
+    """A two-rank gloo job on the CPU (pids 11 and 12, its launcher 10), each rank on a core and
+    writing a line of its log each second for ``seconds``; rank 1's parent is ``rank1_parent`` (11:
+    rank 0 started it). Each rank's log bytes are its own (``wchar_per_s``): set them to 0 to stop."""
+    r0 = P(11, 10, torchrun_env(0, 2, run_id=run_id), dist_threads=["gloo"], log="/job/log0", wchar_per_s=80,
+           **ON_CPU)  # type: ignore[arg-type]
+    r1 = P(12, rank1_parent, torchrun_env(1, 2, run_id=run_id), dist_threads=["gloo"], log="/job/log1",
+           wchar_per_s=80, **ON_CPU)  # type: ignore[arg-type]
+    node = Node([P(10, 1), r0, r1, *extra])
+    for _ in range(seconds):
+        node.write_log("/job/log0", "step\n")
+        node.write_log("/job/log1", "step\n")
+        node.run(1)
+    return node, r0, r1
+
+
 def churn(node: Node, jobs: int, rank_env=None, with_logs: bool = False) -> None:
     """``jobs`` 2-rank jobs one after another, each working on the GPUs for 2 s, then gone
     (launcher and ranks), then 15 s of nothing: what a node starting jobs all day sees.

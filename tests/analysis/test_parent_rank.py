@@ -8,9 +8,8 @@ good in a wait of its own was not judged stuck until the longer host threshold (
 
 from __future__ import annotations
 
-from .builders import Node, P, torchrun_env
+from .builders import ON_CPU, P, logged_cpu_pair
 
-ON_CPU = dict(state="R", wchan="0", cpu_ticks_per_s=95)
 ASLEEP = dict(state="S", wchan="futex_do_wait", cpu_ticks_per_s=0)
 EVENT_WAIT = [("threading.py", "Condition.wait"), ("threading.py", "Event.wait"), ("serve.py", "handle")]
 COLLECTIVE = [("torch/distributed/distributed_c10d.py", "all_reduce"), ("train.py", "step")]
@@ -20,17 +19,8 @@ def _seconds_to_a_hang(worker: dict) -> tuple[float | None, list[str]]:
     """Rank 0 (pid 11) started rank 1 (pid 12) and a worker of its own (pid 13); after a logged
     while, rank 0 blocks in an event forever and rank 1 waits for it, spinning a core in a gloo
     collective; the worker does ``worker``."""
-    env = dict(run_id="job7")
-    r0 = P(11, 10, torchrun_env(0, 2, **env), dist_threads=["gloo"], log="/job/log0", wchar_per_s=80,
-           **ON_CPU)  # type: ignore[arg-type]
-    r1 = P(12, 11, torchrun_env(1, 2, **env), dist_threads=["gloo"], log="/job/log1", wchar_per_s=80,
-           **ON_CPU)  # type: ignore[arg-type]
     w = P(13, 11, cmdline=["python", "-c", "worker"], **ASLEEP)  # type: ignore[arg-type]
-    node = Node([P(10, 1), r0, r1, w])
-    for _ in range(15):
-        node.write_log("/job/log0", "step\n")
-        node.write_log("/job/log1", "step\n")
-        node.run(1)
+    node, r0, r1 = logged_cpu_pair(rank1_parent=11, run_id="job7", extra=(w,))
     assert [j["ranks"] for j in node.jobs()] == [{"0": 11, "1": 12}]
     r0.wchar_per_s = r1.wchar_per_s = 0
     for k, v in ASLEEP.items():

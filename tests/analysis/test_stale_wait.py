@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from .builders import Node, P, torchrun_env
+from .builders import ON_CPU, Node, P, logged_cpu_pair, torchrun_env
 
-ON_CPU = dict(state="R", wchan="0", cpu_ticks_per_s=95)
 ASLEEP = dict(state="S", wchan="futex_do_wait", cpu_ticks_per_s=0)
 STORE_BARRIER = [("torch/distributed/distributed_c10d.py", "_store_based_barrier"), ("train.py", "main")]
 RENDEZVOUS = [("torch/distributed/rendezvous.py", "_create_c10d_store"),
@@ -27,15 +26,7 @@ def _caught_then(frames: list, then: dict, seconds: int = 4) -> tuple[str | None
     """A two-rank gloo job on the CPU, set up and training, each rank logging its steps; rank 0
     starts doing ``then``, its stack is taken in ``frames``, and it goes on with ``then`` for
     ``seconds``, writing nothing, while rank 1 goes on."""
-    r0 = P(11, 10, torchrun_env(0, 2), dist_threads=["gloo"], log="/job/log0", wchar_per_s=80,
-           **ON_CPU)  # type: ignore[arg-type]
-    r1 = P(12, 10, torchrun_env(1, 2), dist_threads=["gloo"], log="/job/log1", wchar_per_s=80,
-           **ON_CPU)  # type: ignore[arg-type]
-    node = Node([P(10, 1), r0, r1])
-    for _ in range(15):
-        node.write_log("/job/log0", "step\n")
-        node.write_log("/job/log1", "step\n")
-        node.run(1)
+    node, r0, _ = logged_cpu_pair()
     assert node.state(11) == "busy"
     r0.wchar_per_s = 0
     for k, v in then.items():

@@ -8,24 +8,15 @@ from __future__ import annotations
 
 from hangd.snapshot import FdWait
 
-from .builders import Node, P, torchrun_env
+from .builders import logged_cpu_pair
 
-ON_CPU = dict(state="R", wchan="0", cpu_ticks_per_s=95)
 COLLECTIVE = [("torch/distributed/distributed_c10d.py", "all_reduce"), ("train.py", "step")]
 OWN_SOCKETPAIR = dict(state="S", wchan="unix_stream_read_generic", wait_syscall="recvfrom",
                       fd_waits=[FdWait(fd=3, kind="unix", holders=[12], remote_here=True)])
 
 
 def _seconds_to_a_hang(its_thread_cpu: int) -> float | None:
-    r0 = P(11, 10, torchrun_env(0, 2), dist_threads=["gloo"], log="/job/log0", wchar_per_s=80,
-           **ON_CPU)  # type: ignore[arg-type]
-    r1 = P(12, 10, torchrun_env(1, 2), dist_threads=["gloo"], log="/job/log1", wchar_per_s=80,
-           **ON_CPU)  # type: ignore[arg-type]
-    node = Node([P(10, 1), r0, r1])
-    for _ in range(15):
-        node.write_log("/job/log0", "step\n")
-        node.write_log("/job/log1", "step\n")
-        node.run(1)
+    node, r0, r1 = logged_cpu_pair()
     r0.wchar_per_s = r1.wchar_per_s = 0
     r0.state, r0.wchan, r0.cpu_ticks_per_s = "S", "futex_do_wait", 0  # gloo's wait in the all_reduce
     node.stack(11, COLLECTIVE)
