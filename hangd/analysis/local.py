@@ -184,16 +184,18 @@ def compile_goes_on(s: ProcSignals, th: Thresholds) -> bool:
 
 
 def over_sockets(s: ProcSignals, th: Thresholds) -> bool:
-    """Bytes through its read or write calls at a socket transport's rate, steady (in half the
-    seconds of the I/O window or more), under a loader's rate now and over the window, with no
-    burst at a loader's rate in the last ``window_s``: a collective whose data moves. A rank
-    spinning in a collective for good moves none, and a load's last bursts come at a loader's
-    rate, then stop."""
+    """Bytes through its read or write calls (``rchar``/``wchar`` beyond the disk's counters) at a
+    socket transport's rate: at least ``socket_char_per_s`` over the I/O window, moving in half its
+    seconds or more (a second counts when a reading moved ``io_bytes_per_s / 4``: 1 MiB/s at 4 Hz),
+    under a loader's rate now and over the window, with no burst at a loader's rate in the last
+    ``window_s``: a collective whose data moves. A rank spinning in a collective for good moves
+    none, and a load's last bursts come at a loader's rate, then stop."""
     steady, now = th.io_window_s / 2, max(s.rchar_per_s or 0, s.read_per_s or 0, s.wchar_per_s or 0, s.write_per_s or 0)
     loading = s.in_quiet_s is not None and s.in_quiet_s <= th.window_s
     return now < th.load_read_per_s and not loading and any(
-        th.socket_char_per_s <= (rate or 0) < th.load_read_per_s and active >= steady
-        for rate, active in ((s.in_long_per_s, s.in_active_s), (s.out_long_per_s, s.out_active_s)))
+        counter in ("rchar", "wchar") and th.socket_char_per_s <= (rate or 0) < th.load_read_per_s and active >= steady
+        for rate, active, counter in ((s.in_long_per_s, s.in_active_s, s.in_counter),
+                                      (s.out_long_per_s, s.out_active_s, s.out_counter)))
 
 
 def paged_in(s: ProcSignals, th: Thresholds) -> bool:

@@ -134,6 +134,11 @@ class ProgressBook:
                 self.credit(pid, t, "it moves data (read/write syscalls)", strong=False)
         else:
             p.chars_since = None
+        if s.gpu_indexes and s.gpu_shared and s.gpu.spins(th) and local.over_sockets(s, th):
+            # ranks sharing a GPU talk over NCCL's sockets: their collectives' bytes moving while
+            # the kernels spin between the chunks keep a hang from being declared (local.classify
+            # reads such a rank busy); once the bytes stop, the spin is a wait like any other
+            self.credit(pid, t, "its collectives move data through its sockets", strong=False)
         if s.rss_change is not None and abs(s.rss_change) >= th.rss_change_bytes and not blocked:
             self.credit(pid, t, f"host memory changed by {s.rss_change / GiB:+.2f} GiB", strong=False)
         if last_wait in COLLECTIVE_WAITS and (s.wakes_per_s or 0) >= th.wake_per_s:

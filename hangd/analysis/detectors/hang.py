@@ -78,16 +78,19 @@ def stuck_in_own_wait(env: Env, jv: JobView, pid: int) -> bool:
     if tp is None or s.asleep_s is None:
         return False
     by_stack = tp.verdict_t is not None and tp.verdict.kind in stackcat.OWN_WAIT_KINDS
+    workers = env.view.workers(pid, jv.job.ranks)
     oe = tp.other_end
-    by_descriptors = oe is not None and oe.kind in (otherend.OWN_THREAD, otherend.OWN_WORKER) \
-        and jv.readings[pid].local == Local.WORKER_WAIT
+    # the other end is a thread of its own, or workers of its own (not its launcher, nor a peer)
+    by_descriptors = oe is not None and jv.readings[pid].local == Local.WORKER_WAIT and (
+        oe.kind == otherend.OWN_THREAD or oe.kind == otherend.OWN_WORKER and bool(oe.pids) and set(oe.pids) <= set(workers))
     if not (by_stack or by_descriptors):
         return False
     if jv.readings[pid].local not in (Local.QUIET, Local.WORKER_WAIT) or (s.cpu_cores or 0) >= th.cpu_active_cores:
         return False
-    if any(env.view.cpu_works(c, jv.t) for c in env.view.workers(pid, jv.job.ranks)):
+    if any(env.view.cpu_works(c, jv.t) for c in {*workers, *(oe.pids if oe is not None else ())} if c in env.view.procs):
         return False
-    since_stack = jv.t - tp.verdict_t if by_stack and tp.verdict_t is not None else 0.0
+    # what its descriptors say is now; a stack's wait holds only if it has not woken since the stack
+    since_stack = jv.t - tp.verdict_t if by_stack and not by_descriptors and tp.verdict_t is not None else 0.0
     return s.asleep_s >= max(th.hang_stuck_s, since_stack)
 
 
