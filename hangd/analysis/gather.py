@@ -53,14 +53,13 @@ def job_facts(an: Analyzer, jv: JobView) -> dict[str, Any]:
     # every rank waits: there is no peer working to wait for (a pattern of such waits is the job's
     # own collectives, each rank in them a moment; one that lasts is a hang in the making)
     everyone = bool(waiting) and waiting >= set(jv.live)
-    peer_works = any((x := an.progress.of(o).last) is not None and x > began
-                     and t - x <= th.progress_recent_s and not only_logged(an, o, jv, began)
-                     for o in jv.live if o not in waiting)
+    # when each peer last progressed, for those that did more than log since the wait began
+    worked = [x for o in jv.live if o not in waiting
+              if (x := an.progress.of(o).last) is not None and x > began and not only_logged(an, o, jv, began)]
+    peer_works = any(t - x <= th.progress_recent_s for x in worked)
     # a peer went on working a while after the wait began: the wait was for that work, not a hang's
     # first moment, and stays a wait for a peer (not held) when the peer then stops
-    peer_worked = any((x := an.progress.of(o).last) is not None and x > began + th.peer_worked_s
-                      and not only_logged(an, o, jv, began)
-                      for o in jv.live if o not in waiting)
+    peer_worked = any(x > began + th.peer_worked_s for x in worked)
     return {"hung": tr.hung, "exited": exited, "hung_why": hung_why, "hung_ref": hung_ref, "idle": idle, "idle_why": idle_why,
             # a wait read off the GPU may be a blip; any wait while nothing moves may be a hang in
             # the making; a wait for a peer that works is waiting_peer at once

@@ -101,7 +101,7 @@ def classify(s: ProcSignals, ctx: Context, th: Thresholds) -> Reading:
     # unless bytes go through its read and write calls at a transport's rate all the while: NCCL
     # over sockets (no shared memory or NVLink between the two: ranks sharing one GPU, nodes with
     # no RDMA) moves each collective's data that way, and its kernels spin between the chunks
-    if g.spins(th) and s.gpu_shared and over_sockets(s, th):
+    if socket_transport(s, th):
         return Reading(Local.BUSY, f"its collectives move {max(s.in_long_per_s or 0, s.out_long_per_s or 0) / 1e6:.1f} "
                                    f"MB/s through its sockets while its GPU waits on them (util {g.util or 0:.0f}%, "
                                    f"SM {g.sm or 0:.0f}%)")
@@ -181,6 +181,13 @@ def compile_goes_on(s: ProcSignals, th: Thresholds) -> bool:
         return False
     return s.compile_children > 0 or (s.cpu_cores or 0) >= th.compile_cpu_cores or starved(s, th) or \
         (s.wchar_per_s or 0) >= th.io_bytes_per_s or (s.write_per_s or 0) >= th.io_bytes_per_s
+
+
+def socket_transport(s: ProcSignals, th: Thresholds) -> bool:
+    """A rank on a shared GPU read as spinning while its collectives' bytes go through its sockets
+    (``over_sockets``): ranks sharing a GPU talk over NCCL's socket transport, and its kernels spin
+    between the chunks. ``classify`` reads it busy, ``progress`` credits the bytes."""
+    return bool(s.gpu_indexes) and s.gpu_shared and s.gpu.spins(th) and over_sockets(s, th)
 
 
 def over_sockets(s: ProcSignals, th: Thresholds) -> bool:

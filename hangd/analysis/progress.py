@@ -134,7 +134,7 @@ class ProgressBook:
                 self.credit(pid, t, "it moves data (read/write syscalls)", strong=False)
         else:
             p.chars_since = None
-        if s.gpu_indexes and s.gpu_shared and s.gpu.spins(th) and local.over_sockets(s, th):
+        if local.socket_transport(s, th):
             # ranks sharing a GPU talk over NCCL's sockets: their collectives' bytes moving while
             # the kernels spin between the chunks keep a hang from being declared (local.classify
             # reads such a rank busy); once the bytes stop, the spin is a wait like any other
