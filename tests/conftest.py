@@ -113,6 +113,18 @@ WORKER_GROUPS = {
     # builds deploy/kubernetes/*.yaml again in place while another test validates them
     "tests/deploy/test_systemd_k8s.py": "k8s_manifests",
 }
+# test_baseline.py judges every recording again, from the replay the group that judges it first
+# caches: each of its tests goes to that group's worker, by the recording its id names
+BASELINE_TESTS = "tests/analysis/test_baseline.py"
+BASELINE_GROUPS = {"[matrix-cpu/": "matrix", "[matrix-gpu/": "matrix", "[h200x2-more/": "held_back"}
+
+
+def worker_group(nodeid: str) -> str | None:
+    """The group of WORKER_GROUPS (or the baseline's) a test belongs to, if any."""
+    path, _, rest = nodeid.partition("::")
+    if path == BASELINE_TESTS:
+        return next((g for key, g in BASELINE_GROUPS.items() if key in rest), "replays")
+    return WORKER_GROUPS.get(path)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -123,7 +135,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
     class ByGroups(LoadGroupScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return WORKER_GROUPS.get(nodeid.split("::", 1)[0]) or super()._split_scope(nodeid)
+            return worker_group(nodeid) or super()._split_scope(nodeid)
 
     return ByGroups(config, log)
 

@@ -9,7 +9,12 @@ is replayed once a session, whichever test asks first.
 
 Snapshots are shared: the analysis only reads them (``test_golden.py`` would fail if a replay
 changed what a later one sees). The tests that replay these traces are kept on one pytest-xdist
-worker (``WORKER_GROUPS`` in ``tests/conftest.py``) so that they share one cache."""
+worker (``WORKER_GROUPS`` in ``tests/conftest.py``) so that they share one cache.
+
+``result`` is what a replay says (``hangd replay --json``), once a session, for the tests that judge
+only that: the job matrix (``test_matrix.py``), the held-back traces (``test_held_back_traces.py``)
+and the baseline of every recording (``test_baseline.py``), which judges them all again. It keeps no
+snapshot and no analyzer of its own: there are two hundred recordings and more."""
 
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from typing import Any
 from hangd.analysis.engine import Analyzer
 from hangd.daemon import Loop, TraceFeed
 from hangd.front import Front
+from hangd.replay import replay_result, run_replay
 from hangd.snapshot import Snapshot
 from hangd.trace import TraceReader
 
@@ -30,9 +36,16 @@ def snapshots(path: Path) -> tuple[Snapshot, ...]:
     return _snapshots(path.resolve())
 
 
+# the traces whose snapshots are read, and those replayed() holds the analyzer of
+_read: set[Path] = set()
+_held: set[Path] = set()
+
+
 @cache
 def _snapshots(path: Path) -> tuple[Snapshot, ...]:
-    return tuple(TraceReader(path).snapshots())
+    snaps = tuple(TraceReader(path).snapshots())
+    _read.add(path)
+    return snaps
 
 
 class _ReadFeed(TraceFeed):
@@ -55,4 +68,18 @@ def _replayed(path: Path) -> tuple[Analyzer, dict[str, Any]]:
     feed = _ReadFeed(path)
     loop = Loop(feed, Front(analyzer=an), keep_going=False)
     loop.run()
+    _held.add(path)
     return an, {"snapshots": loop.ticks, "meta": feed.meta}
+
+
+def result(path: Path) -> dict[str, Any]:
+    """``hangd.replay.replay_result`` of the trace's replay, once a session: from the analyzer
+    ``replayed`` holds where a test asked for it or its snapshots are read already (``test_golden.py``
+    reads its traces' when collected), else from a replay of its own that keeps only the result."""
+    return _result(path.resolve())
+
+
+@cache
+def _result(path: Path) -> dict[str, Any]:
+    an = _replayed(path)[0] if path in _held or path in _read else run_replay(str(path))[0]
+    return replay_result(an)

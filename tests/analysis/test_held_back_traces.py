@@ -15,23 +15,19 @@ import pytest
 
 from hangd.evaluate import score
 from hangd.incidents import HANG_KINDS
-from hangd.replay import replay_result, run_replay
 
 from ..conftest import DATA
+from ..replays import result
 
 MORE = DATA / "traces" / "h200x2-more"
 NAMES = sorted(p.name for p in MORE.iterdir() if (p / "expect.json").exists())
 BAR = 0.95
 BELOW_BAR = {"compile": 0.84}
 EXPECT_GAPS: dict[str, set[str]] = {}
-_cache: dict[str, dict] = {}
 
 
 def replayed(name: str) -> dict:
-    if name not in _cache:
-        an, _ = run_replay(str(MORE / name))
-        _cache[name] = replay_result(an)
-    return _cache[name]
+    return result(MORE / name)  # once a session: test_baseline.py judges the same replay
 
 
 def test_all_twenty_are_here():

@@ -16,7 +16,6 @@ again. The file is the list of what is still wrong, in the open.
 from __future__ import annotations
 
 import json
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +23,8 @@ import pytest
 
 from hangd.evaluate import expect_problems, gap_key, is_check_cell, score
 from hangd.incidents import HANG_KINDS
-from hangd.replay import replay_result, run_replay
 from tests.conftest import DATA
+from tests.replays import result
 
 CELLS = sorted(p.parent for p in (DATA / "traces").glob("matrix-*/*/expect.json"))
 GAPS: dict[str, dict[str, Any]] = json.loads((Path(__file__).parent / "matrix_gaps.json").read_text())
@@ -40,10 +39,8 @@ def _id(d: Path) -> str:
     return f"{d.parent.name}/{d.name}" + (" [check]" if is_check_cell(d.name) else "")
 
 
-@cache
 def replay(d: Path) -> dict[str, Any]:
-    an, _ = run_replay(str(d))
-    return replay_result(an)
+    return result(d)  # once a session: test_baseline.py judges the same replay
 
 
 def test_the_matrix_is_there() -> None:
