@@ -71,6 +71,10 @@ def env_of(h: ProcHistory) -> dict[str, str]:
 
 
 def env_rank(h: ProcHistory) -> str | None:
+    return h.memo_of_info("env_rank", _env_rank)
+
+
+def _env_rank(h: ProcHistory) -> str | None:
     env = env_of(h)
     return next((env[k] for k in RANK_KEYS if env.get(k) is not None), None)
 
@@ -178,9 +182,9 @@ def learn_log_ranks(view: NodeView) -> None:
                     view.log_ranks[h.pid] = int(found.pop())
 
 
-def log_targets(h: ProcHistory) -> set[str]:
+def log_targets(h: ProcHistory) -> frozenset[str]:
     """The files a process writes its stdout/stderr to (one home for this, used everywhere)."""
-    return h.info.log_files() if h.info is not None else set()
+    return h.logs()
 
 
 def _arg_rank(h: ProcHistory) -> int | None:

@@ -9,14 +9,17 @@ from __future__ import annotations
 import re
 import tomllib
 from collections import deque
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
+from typing import Any, TypeVar
 
 from hangd.analysis.hardware import HardwareLog
 from hangd.analysis.thresholds import Thresholds
 from hangd.snapshot import FileSample, GpuSample, ProcInfo, ProcSample, Snapshot, StackSample
+
+T = TypeVar("T")
 
 COMPILE_COMMS = re.compile(r"^(ptxas|cc1|cc1plus|nvcc|cicc|gcc|g\+\+|clang|ld|as|ninja|compile_worker|triton)", re.I)
 
@@ -114,9 +117,27 @@ class ProcHistory:
     threads_lost: tuple[float, int, int] | None = None  # (when, threads before, after) of the last drop
     # when its main thread last woke (its voluntary context switches moved), or was first counted
     woke_at: float | None = None
+    _logs: tuple[ProcInfo | None, frozenset[str]] = (None, frozenset())
+    _memo: tuple[ProcInfo | None, dict[str, Any]] | None = None
 
     def latest(self) -> ProcSample | None:
         return self.samples[-1][1] if self.samples else None
+
+    def memo_of_info(self, name: str, fn: Callable[[ProcHistory], T]) -> T:
+        """``fn(self)`` for a function of its static facts alone (``info``): worked out once per
+        ``info``, not at every tick that asks."""
+        if self._memo is None or self._memo[0] is not self.info:
+            self._memo = (self.info, {})
+        memo = self._memo[1]
+        if name not in memo:
+            memo[name] = fn(self)
+        return memo[name]
+
+    def logs(self) -> frozenset[str]:
+        """``info.log_files()``, worked out once per ``info``: every tick asks it of every process."""
+        if self._logs[0] is not self.info:
+            self._logs = (self.info, frozenset(self.info.log_files()) if self.info is not None else frozenset())
+        return self._logs[1]
 
 
 class NodeView:
@@ -136,11 +157,19 @@ class NodeView:
         self.log_ranks: dict[int, int] = {}  # pid -> rank from torch's "[rankN]" log prefix
         self.writers: dict[str, int] = {}  # log file -> how many live watched processes write to it
         self.hw = HardwareLog()  # XIDs and which GPU each process used, kept longer than the readings
+        # answers worked out once a snapshot, asked many times by its analysis: cleared by ``feed``
+        self._kids: dict[int, list[int]] | None = None
+        self._works: dict[tuple[int, float], bool] = {}
+        self.per_tick: dict[tuple[object, ...], object] = {}
+        # GPU index -> reading's time -> (the reading, shows work, shows a spin, memory beyond its
+        # processes'): signals.reading_marks, judged once a reading; trimmed with the readings
+        self.gpu_marks: dict[int, dict[float, tuple[GpuSample, bool, bool, int | None]]] = {}
 
     def feed(self, snap: Snapshot) -> None:
         t = snap.t
         self.t = max(self.t, t)
         self.new_stacks = []
+        self._kids, self._works, self.per_tick = None, {}, {}
         if snap.gpus:
             self.gpu_of = {}
             self.hw.feed(snap)
@@ -197,13 +226,14 @@ class NodeView:
         if snap.procs:
             self._count_compile_workers()
             self._count_writers()
+        self._trim_marks()
         self._trim(t)
 
     def _count_writers(self) -> None:
         self.writers = {}
         for h in self.procs.values():
-            if h.gone_at is None and h.info is not None:
-                for target in h.info.log_files():
+            if h.gone_at is None:
+                for target in h.logs():
                     self.writers[target] = self.writers.get(target, 0) + 1
 
     def _count_compile_workers(self) -> None:
@@ -286,6 +316,13 @@ class NodeView:
             st.changed_at = t
         st.size = f.size
 
+    def _trim_marks(self) -> None:
+        for index, memo in self.gpu_marks.items():
+            dq = self.gpus.get(index)
+            if dq and len(memo) > len(dq) + 64:
+                oldest = dq[0][0]
+                self.gpu_marks[index] = {tt: m for tt, m in memo.items() if tt >= oldest}
+
     def _trim(self, t: float) -> None:
         """Bound memory: a process gone for ``gone_after_s`` leaves, and with it what is kept by
         its pid or by the logs only it wrote (a node that starts jobs all day sees a new pid, and
@@ -302,7 +339,7 @@ class NodeView:
             del self.gpu_seen_at[pid]
         # a log is read through the processes that write it (their fds): one no process here
         # writes is never read again
-        written = {target for h in self.procs.values() if h.info is not None for target in h.info.log_files()}
+        written = {target for h in self.procs.values() for target in h.logs()}
         for path in [p for p in self.files if p not in written]:
             del self.files[path]
 
@@ -326,8 +363,13 @@ class NodeView:
 
     def children(self, pid: int) -> list[int]:
         """Live processes it started (DataLoader workers, pool processes, subprocesses)."""
-        return [c for c, h in self.procs.items()
-                if h.gone_at is None and (lp := h.latest()) is not None and lp.ppid == pid and lp.state not in ("Z", "X")]
+        if self._kids is None:  # one pass over the processes a snapshot, not one per question
+            self._kids = {}
+            for c, h in self.procs.items():
+                if h.gone_at is None and (lp := h.latest()) is not None and lp.ppid is not None \
+                        and lp.state not in ("Z", "X"):
+                    self._kids.setdefault(lp.ppid, []).append(c)
+        return list(self._kids.get(pid, ()))
 
     def workers(self, pid: int, ranks: Collection[int]) -> list[int]:
         """Its children that are no ranks of its job: a rank that started the others (a parent
@@ -344,17 +386,38 @@ class NodeView:
     def cpu_works(self, pid: int, t: float) -> bool:
         """On the CPU over the window, or runnable most of it on a host short of cores (a starting
         spawn worker importing torch gets 0.1 of a core at load 15)."""
+        key = (pid, t)
+        out = self._works.get(key)
+        if out is None:
+            out = self._works[key] = self._cpu_works(pid, t)
+        return out
+
+    def _cpu_works(self, pid: int, t: float) -> bool:
         th = self.th
-        win = self.proc_window(pid, t, th.window_s)
-        if len(win) < 2:
+        h = self.procs.get(pid)
+        if h is None:
             return False
-        (t0, a), (t1, b) = win[0], win[-1]
+        # ``proc_window(pid, t, window_s)`` walked without building it: its ends and its R count
+        n = running = 0
+        newest = oldest = None
+        for tt, p in reversed(h.samples):
+            if tt > t + 1e-6:
+                continue
+            if newest is None:
+                newest = (tt, p)
+            oldest = (tt, p)
+            n += 1
+            running += p.state == "R"
+            if tt < t - th.window_s - 1e-6:
+                break
+        if n < 2 or newest is None or oldest is None:
+            return False
+        (t0, a), (t1, b) = oldest, newest
         used = b.cpu_seconds_between(a)
         if used is None or t1 <= t0:
             return False
         cores = used / (t1 - t0)
-        runnable = sum(p.state == "R" for _, p in win) / len(win)
-        return cores >= th.busy_cpu_cores / 2 or (runnable >= th.runnable_fraction and cores >= 2 * th.cpu_active_cores)
+        return cores >= th.busy_cpu_cores / 2 or (running / n >= th.runnable_fraction and cores >= 2 * th.cpu_active_cores)
 
     def proc_window(self, pid: int, t: float, window: float) -> list[tuple[float, ProcSample]]:
         h = self.procs.get(pid)

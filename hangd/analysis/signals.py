@@ -65,8 +65,9 @@ def _reading_spins(g: GpuSample, th: Thresholds) -> bool:
     return g.gpm.get("SM_UTIL", 0.0) < th.spin_sm_max_pct if g.gpm else True
 
 
-def gpu_signals(samples: list[GpuSample], th: Thresholds) -> GpuSignals:
-    """Means over the window, and which share of the readings show work or a spinning kernel."""
+def gpu_signals(samples: list[GpuSample], th: Thresholds, marked: list[Marks] | None = None) -> GpuSignals:
+    """Means over the window, and which share of the readings show work or a spinning kernel
+    (``marked``: the readings' ``reading_marks``, when known)."""
     s = GpuSignals()
     if not samples:
         return s
@@ -80,9 +81,27 @@ def gpu_signals(samples: list[GpuSample], th: Thresholds) -> GpuSignals:
         s.tensor = _mean([x.get("ANY_TENSOR_UTIL", 0.0) for x in gpm])
         s.dram = _mean([x.get("DRAM_BW_UTIL", 0.0) for x in gpm])
         s.nvlink_mibs = _mean([x.get("NVLINK_TOTAL_TX_PER_SEC", 0.0) + x.get("NVLINK_TOTAL_RX_PER_SEC", 0.0) for x in gpm])
-    s.work_frac = sum(_reading_works(g, th) for g in samples) / len(samples)
-    s.spin_frac = sum(_reading_spins(g, th) for g in samples) / len(samples)
+    marks = marked or [(g, _reading_works(g, th), _reading_spins(g, th), None) for g in samples]
+    s.work_frac = sum(m[1] for m in marks) / len(samples)
+    s.spin_frac = sum(m[2] for m in marks) / len(samples)
     return s
+
+
+Marks = tuple[GpuSample, bool, bool, "int | None"]
+
+
+def reading_marks(view: NodeView, index: int, readings: list[tuple[float, GpuSample]], th: Thresholds) -> list[Marks]:
+    """For each reading of GPU ``index``: whether it shows work, a spin, and the memory it holds
+    beyond what the processes NVML lists hold (None: some process's memory is not given). A
+    reading is judged once, not at every tick whose window it is in (``NodeView.gpu_marks``)."""
+    memo = view.gpu_marks.setdefault(index, {}) if th is view.th else {}
+    out = []
+    for tt, g in readings:
+        m = memo.get(tt)
+        if m is None or m[0] is not g:
+            m = memo[tt] = (g, _reading_works(g, th), _reading_spins(g, th), _beyond_procs(g))
+        out.append(m)
+    return out
 
 
 @dataclass
@@ -190,8 +209,20 @@ def _unseen(samples: list[GpuSample], base: float, th: Thresholds) -> bool:
     uses it (NVML lists a container's own processes only, the GPU's memory and utilization are
     everyone's)."""
     # a reading whose processes' memory NVML does not give (MIG without privileges, vGPU) tells nothing
-    held = [g.mem_used - sum(p.used for p in g.procs if p.used is not None) - base >= th.unseen_gpu_bytes
-            for g in samples if g.mem_used is not None and all(p.used is not None for p in g.procs)]
+    return _held_unseen([_beyond_procs(g) for g in samples], base, th)
+
+
+def _beyond_procs(g: GpuSample) -> int | None:
+    """The memory a reading shows in use beyond what the processes NVML lists hold (None: some
+    process's memory is not given, as under MIG without privileges or a vGPU)."""
+    if g.mem_used is None or not all(p.used is not None for p in g.procs):
+        return None
+    return g.mem_used - sum(p.used for p in g.procs if p.used is not None)
+
+
+def _held_unseen(extras: list[int | None], base: float, th: Thresholds) -> bool:
+    """``_unseen`` over each reading's ``_beyond_procs``."""
+    held = [x - base >= th.unseen_gpu_bytes for x in extras if x is not None]
     return len(held) >= 3 and sum(held) > len(held) / 2
 
 
@@ -240,16 +271,7 @@ def proc_signals(view: NodeView, pid: int, t: float, th: Thresholds) -> ProcSign
         sig.gpu_indexes = sorted(gpus)
         sig.gpu_mem = sum(v or 0 for v in gpus.values())
         main = max(gpus, key=lambda i: gpus[i] or 0)
-        gwt = view.gpu_window_t(main, t, th.window_s)
-        gw = [g for _, g in gwt]
-        sig.gpu = gpu_signals(gw, th)
-        sig.gpu_work_at = max((tt for tt, g in gwt if _reading_works(g, th)), default=None)
-        # GPU readings (and GPM) are per GPU. When several processes share one (a leftover job, MPS,
-        # a second job, a process of another container), the per-process SM utilization says whose
-        # the activity is: a process NVML sees no SM time for does not own the GPU's work or spin.
-        sig.gpu_unseen = _unseen(view.gpu_window(main, t, th.unseen_window_s),
-                                 min(view.gpu_baseline.get(main, th.unattributed_base_bytes), th.unattributed_base_bytes), th)
-        sig.gpu_shared = bool(gw) and (_shared(gw) or sig.gpu_unseen)
+        gw, sig.gpu, sig.gpu_work_at, sig.gpu_unseen, sig.gpu_shared = _gpu_window(view, main, t, th)
         sig.gpu_sm_named = any(u.get("pid") == pid and (u.get("sm") or 0) > 0 for g in gw for u in g.proc_util or [])
         if sig.gpu_shared and not _uses_gpu(pid, gw):
             sig.gpu = GpuSignals(util=0.0, has_gpm=sig.gpu.has_gpm, power_w=sig.gpu.power_w)
@@ -268,7 +290,7 @@ def proc_signals(view: NodeView, pid: int, t: float, th: Thresholds) -> ProcSign
             sig.gpu_mem_change = used[-1] - used[0]
             sig.gpu_mem_rate = sig.gpu_mem_change / th.window_s
     if h.info:
-        for target in h.info.log_files():
+        for target in h.logs():
             fs = view.files.get(target)
             if fs is None or fs.grew_at is None:
                 continue
@@ -292,15 +314,39 @@ def proc_signals(view: NodeView, pid: int, t: float, th: Thresholds) -> ProcSign
     return sig
 
 
-def _tail(wide: list[tuple[float, ProcSample]], t: float, window: float) -> list[tuple[float, ProcSample]]:
-    """What ``NodeView.proc_window(pid, t, window)`` returns, cut from a wider window's result."""
-    out = []
-    for tt, p in reversed(wide):
-        out.append((tt, p))
-        if tt < t - window - 1e-6:
-            break
-    out.reverse()
+def _gpu_window(view: NodeView, index: int, t: float, th: Thresholds
+                ) -> tuple[list[GpuSample], GpuSignals, float | None, bool, bool]:
+    """What GPU ``index`` says over the window at ``t``, the same for every process on it: its
+    readings, their signals, its last reading of work, whether a process hangd cannot see uses it,
+    whether it is shared. Worked out once a snapshot per GPU (``NodeView.per_tick``)."""
+    key = ("gpu", index, t)
+    hit = view.per_tick.get(key)
+    if hit is not None:
+        return hit  # type: ignore[return-value]
+    wide = view.gpu_window_t(index, t, max(th.window_s, th.unseen_window_s))
+    marks = reading_marks(view, index, wide, th)
+    cut = next((i for i, (tt, _) in enumerate(wide) if tt >= t - th.window_s - 1e-6), len(wide))
+    gwt, gm = wide[cut:], marks[cut:]
+    gw = [g for _, g in gwt]
+    work_at = max((tt for (tt, _), m in zip(gwt, gm, strict=True) if m[1]), default=None)
+    # GPU readings (and GPM) are per GPU. When several processes share one (a leftover job, MPS,
+    # a second job, a process of another container), the per-process SM utilization says whose
+    # the activity is: a process NVML sees no SM time for does not own the GPU's work or spin.
+    ucut = next((i for i, (tt, _) in enumerate(wide) if tt >= t - th.unseen_window_s - 1e-6), len(wide))
+    unseen = _held_unseen([m[3] for m in marks[ucut:]],
+                     min(view.gpu_baseline.get(index, th.unattributed_base_bytes), th.unattributed_base_bytes), th)
+    out = (gw, gpu_signals(gw, th, gm), work_at, unseen, bool(gw) and (_shared(gw) or unseen))
+    view.per_tick[key] = out
     return out
+
+
+def _tail(wide: list[tuple[float, ProcSample]], t: float, window: float) -> list[tuple[float, ProcSample]]:
+    """What ``NodeView.proc_window(pid, t, window)`` returns, cut from a wider window's result:
+    the readings inside the window and the one just before it."""
+    lim, i = t - window - 1e-6, len(wide) - 1
+    while i > 0 and wide[i][0] >= lim:
+        i -= 1
+    return wide[i:]
 
 
 def _wrote_around(h: ProcHistory, at: float, within: float) -> bool | None:
