@@ -1,23 +1,27 @@
-"""The job matrix: real 2-rank jobs crossing four axes, each recorded with `hangd record` and its truth.
+"""The job matrix: real multi-rank jobs crossing five axes, each recorded with `hangd record` and its truth.
 
 Axes (tests/workloads/matrix_job.py runs a cell):
   launcher  torchrun (default port and run id), spawn (torch.multiprocessing.spawn), mpargv (a parent
             without torch.distributed starts one process per rank, the rank as an argument), parent
             (the parent is rank 0 itself)
-  phase     train, load_disk, load_cache, load_slow, compile, checkpoint, serve_accept, serve_poll, finished
+  phase     train, load_disk, load_cache, load_slow, compile, checkpoint, serve_accept, serve_poll, finished;
+            and, in wide_cells() only, warmup (a server's back-to-back all_reduces, then idle serving) and
+            graph_capture (CUDA graphs captured over many batch sizes, then replayed; GPU only)
   fault     none, dl_blocks, thread_dies, stuck, skip, exit_early, sigstop, sigkill
   wait      how the one that never returns waits: event, queue_get, select_pipe, sleep_loop, spin,
             socket_recv, collective, store (none for a healthy cell); child_pipe (select on a child's
             pipe) only in EXTRA_CELLS, drawn after the cover
+  world     2 ranks; 4 and 8 in wide_cells() (4 only on the CPU), a cover of their own drawn after it
 Invalid combinations are filtered out (`valid`); the cells are a covering subset of the rest chosen with a
 seed: every pair of axis values that some valid cell has is in at least one chosen cell (greedy,
 seeded ties), topped up with seeded picks to the count asked. A cell is named by its axes,
-`LAUNCHER-PHASE-FAULT[-WAIT]`. A quarter of the cells is the check set (`is_check`): tune on the rest.
+`LAUNCHER-PHASE-FAULT[-WAIT][-wN]` (`-wN` for N ranks, none for 2). A quarter of the cells is the
+check set (`is_check`): tune on the rest.
 
   python scripts/matrix.py --list                      the cells, tune/check
   python scripts/matrix.py --out DIR [--only A,B]      record them (DIR/<cell>/: trace.jsonl.gz, truth, expect)
   python scripts/matrix.py --score [DIR]               replay and score every cell, tune and check apart
-Env: MATRIX_DEVICE=cuda records on a GPU host (NCCL; two ranks may share one GPU, each its own NCCL_HOSTID).
+Env: MATRIX_DEVICE=cuda records on a GPU host (NCCL; ranks may share one GPU, each its own NCCL_HOSTID).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -61,13 +66,23 @@ WAITS = ("event", "queue_get", "select_pipe", "sleep_loop", "spin", "socket_recv
 THREAD_WAITS = ("event", "queue_get", "select_pipe", "sleep_loop", "socket_recv")  # main waits for a thread
 STUCK_WAITS = (*THREAD_WAITS, "spin")
 AXES = {"launcher": LAUNCHERS, "phase": PHASES, "fault": FAULTS, "wait": WAITS}
+# phases and world sizes added after the cover was drawn (its cells keep their names): wide_cells()
+NEW_PHASES = ("warmup", "graph_capture")
+WORLDS = (2, 4, 8)
 # pairs of axes the cover need not hold every value pair of (phase x wait alone would take 80 cells);
 # the seeded top-up still crosses them
 UNPAIRED = {("phase", "wait")}
 
 
-def valid(launcher: str, phase: str, fault: str, wait: str) -> bool:
-    """Whether a combination is a job that can exist (a DataLoader fault needs the DataLoader phase)."""
+def on_gpu() -> bool:
+    return os.environ.get("MATRIX_DEVICE") == "cuda"
+
+
+def valid(launcher: str, phase: str, fault: str, wait: str, *, gpu: bool | None = None) -> bool:
+    """Whether a combination is a job that can exist (a DataLoader fault needs the DataLoader phase, a
+    CUDA graph a GPU: ``gpu``, by default whether this host records on one)."""
+    if phase == "graph_capture" and not (on_gpu() if gpu is None else gpu):
+        return False
     if fault == "none":
         return wait == "none"
     if wait == "none" or phase == "finished":
@@ -76,7 +91,7 @@ def valid(launcher: str, phase: str, fault: str, wait: str) -> bool:
     if fault == "dl_blocks":
         return phase == "train" and wait in STUCK_WAITS
     if fault == "thread_dies":
-        return phase != "compile" and wait in THREAD_WAITS
+        return phase not in ("compile", "graph_capture") and wait in THREAD_WAITS
     if fault == "stuck":
         return wait in STUCK_WAITS
     if fault == "skip":
@@ -87,23 +102,35 @@ def valid(launcher: str, phase: str, fault: str, wait: str) -> bool:
         return phase != "serve_accept" and wait == "collective"
     if fault == "sigkill":
         # the peer waits in its next collective (gloo sees the closed connection) or in a store handshake
-        return phase != "serve_accept" and (wait == "collective" or (wait == "store" and not serve))
+        # (not in a warm-up or a capture: the peers meet in collectives all through it)
+        return phase != "serve_accept" and (wait == "collective" or (wait == "store" and not serve
+                                                                      and phase not in NEW_PHASES))
     return False
 
 
+def world(c: dict[str, str]) -> int:
+    """How many ranks the cell's job has (2 unless it says)."""
+    return int(c.get("world", "2"))
+
+
 def cell_of(name: str) -> dict[str, str] | None:
-    """The cell a full name (``launcher-phase-fault[-wait]``) stands for, if it is a valid one."""
+    """The cell a full name (``launcher-phase-fault[-wait][-wN]``) stands for, if it is a valid one."""
     parts = name.split("-")
-    if len(parts) not in (3, 4):
+    size = "2"
+    if len(parts) > 3 and re.fullmatch(r"w[0-9]+", parts[-1]):
+        size = parts.pop()[1:]
+    if len(parts) not in (3, 4) or int(size) not in WORLDS:
         return None
     c = {"launcher": parts[0], "phase": parts[1], "fault": parts[2], "wait": parts[3] if len(parts) == 4 else "none"}
-    known = all(c[k] in AXES[k] for k in AXES)
+    known = all(c[k] in AXES[k] or (k == "phase" and c[k] in NEW_PHASES) for k in AXES)
+    if size != "2":
+        c["world"] = size
     return c if known and valid(c["launcher"], c["phase"], c["fault"], c["wait"]) else None
 
 
 def name_of(c: dict[str, str]) -> str:
     parts = [c["launcher"], c["phase"], c["fault"]] + ([c["wait"]] if c["wait"] != "none" else [])
-    return "-".join(parts)
+    return "-".join(parts) + (f"-w{world(c)}" if world(c) != 2 else "")
 
 
 def gpu_cells(n: int = 16, seed: int = SEED) -> list[dict[str, str]]:
@@ -136,6 +163,34 @@ EXTRA_CELLS = tuple(dict(zip(AXES, v, strict=True)) for v in (
 EXTRA_GPU_CELLS = tuple(dict(zip(AXES, v, strict=True)) for v in (
     ("torchrun", "train", "stuck", "child_pipe"), ("spawn", "serve_accept", "none", "none"),
 ))
+
+
+def wide_cells(gpu: bool, seed: int = SEED) -> list[dict[str, str]]:
+    """The cells of more than two ranks, in the phases added with them: 4 and 8 ranks on a GPU host
+    (warmup, graph_capture), 4 on the CPU (two cores; warmup). Every pair of values of launcher,
+    phase, fault and world size that a valid cell has (but launcher x fault, which the 2-rank matrix
+    crosses) is in at least one chosen cell: greedy, ties broken by the seed, how the culprit waits
+    drawn with the cell."""
+    keys = ("launcher", "phase", "fault", "world")
+    worlds = (4, 8) if gpu else (4,)
+    phases = NEW_PHASES if gpu else tuple(p for p in NEW_PHASES if p != "graph_capture")
+    allc = [{"launcher": la, "phase": ph, "fault": f, "wait": w, "world": str(n)}
+            for la, ph, f, w, n in itertools.product(LAUNCHERS, phases, FAULTS, WAITS, worlds)
+            if valid(la, ph, f, w, gpu=gpu)]
+    rng = random.Random(seed + 2)
+    rng.shuffle(allc)
+
+    def pairs(c: dict[str, str]) -> set[tuple[str, str, str, str]]:
+        return {(a, c[a], b, c[b]) for a, b in itertools.combinations(keys, 2) if (a, b) != ("launcher", "fault")}
+
+    todo = set().union(*(pairs(c) for c in allc))
+    chosen: list[dict[str, str]] = []
+    while todo:
+        best = max(allc, key=lambda c: len(pairs(c) & todo))
+        chosen.append(best)
+        todo -= pairs(best)
+        allc.remove(best)
+    return sorted(chosen, key=name_of)
 
 
 def cells(n: int = 64, seed: int = SEED) -> list[dict[str, str]]:
@@ -171,14 +226,15 @@ MAX_S = 120.0  # the most a cell runs, from its launch (twice that for a cold to
 
 def estimate_s(c: dict[str, str]) -> int:
     """About how long a cell takes on two idle cores (the driver ends a cell on what it sees)."""
-    return 60 if c["phase"] == "compile" else 40
+    return 60 if c["phase"] in ("compile", "warmup", "graph_capture") else 40
 
 
 def culprit(c: dict[str, str]) -> int:
-    """The rank to blame (matrix_job.CULPRIT, except where rank 0 is the one doing the work)."""
+    """The rank to blame: the last one (matrix_job.CULPRIT), except where rank 0 is the one doing the
+    work that fails (a server's request, the checkpoint's writing)."""
     if c["fault"] in ("thread_dies", "stuck") and (c["phase"].startswith("serve_") or c["phase"] == "checkpoint"):
         return 0
-    return 1
+    return world(c) - 1
 
 
 def tree(root: int, seen: set[int]) -> None:
@@ -221,7 +277,7 @@ def job_env(c: dict[str, str], job: Path) -> dict[str, str]:
     if c["phase"] == "compile":
         env["TORCHINDUCTOR_CACHE_DIR"] = str(job / "inductor")  # cold: fresh for every cell
     if os.environ.get("MATRIX_DEVICE") == "cuda":
-        # both ranks share one GPU when the host has one: each rank then takes a host id of its own
+        # the ranks share one GPU when the host has one: each rank then takes a host id of its own
         # (matrix_job.py), and NCCL talks between them over its socket transport on loopback
         env.update(MULTICAST_OFF, NCCL_SOCKET_IFNAME="lo", NCCL_IB_DISABLE="1", TORCH_NCCL_DUMP_ON_TIMEOUT="1",
                    TORCH_NCCL_DEBUG_INFO_PIPE_FILE=str(job / "frpipe_"))
@@ -229,13 +285,14 @@ def job_env(c: dict[str, str], job: Path) -> dict[str, str]:
 
 
 def launch(c: dict[str, str], job: Path, log: Any) -> subprocess.Popen[bytes]:
-    args = [c["phase"], c["fault"], c["wait"], str(job)]
+    n = world(c)
+    args = [c["phase"], c["fault"], c["wait"], str(job)] + (["--world-size", str(n)] if n != 2 else [])
     py = sys.executable
     if c["launcher"] == "torchrun":
         torchrun = Path(py).parent / "torchrun"
         cmd = [str(torchrun)] if torchrun.exists() else [py, "-m", "torch.distributed.run"]
         # its default master port (29500) and run id, as users run it
-        cmd += ["--nproc-per-node", "2", str(WORKLOAD), "torchrun", *args]
+        cmd += ["--nproc-per-node", str(n), str(WORKLOAD), "torchrun", *args]
     else:
         cmd = [py, str(WORKLOAD), c["launcher"], *args]
     return subprocess.Popen(cmd, cwd=job, env=job_env(c, job), stdout=log, stderr=subprocess.STDOUT,
@@ -264,6 +321,7 @@ def record(c: dict[str, str], out: Path) -> dict[str, Any]:
     actions: list[dict[str, Any]] = []
     gone: dict[int, float] = {}
     cul = culprit(c)
+    size = world(c)
     todo = c["fault"] if c["fault"] in ("sigstop", "sigkill") else ("request" if c["phase"].startswith("serve_")
                                                                    and c["fault"] != "none" else None)
     end = t0 + MAX_S * (2 if c["phase"] == "compile" else 1)
@@ -278,19 +336,21 @@ def record(c: dict[str, str], out: Path) -> dict[str, Any]:
                 gone[pid] = round(time.time(), 3)
         # when to stop: some seconds into the hang, after the job ended, or into an idle server's idling
         hung = [x["t"] for x in truth if x.get("job_hung")] + [a["t"] for a in actions if a["what"] != "request_sent"]
-        left = [t for p, t in gone.items() if len(ranks) == 2 and any(q not in gone for q in ranks)]
+        left = [t for p, t in gone.items() if len(ranks) == size and any(q not in gone for q in ranks)]
         if hung or left:
             end = min(end, min(hung + left) + HOLD_S)
-        if len(ranks) == 2 and all(p in gone for p in ranks):
+        if len(ranks) == size and all(p in gone for p in ranks):
             end = min(end, max(gone.values()) + 3.0)
         idle = first_line(truth, 0, ("idle",))
         if c["fault"] == "none" and idle is not None:
             end = min(end, idle["t"] + HEALTHY_S)
         if todo is None:
             continue
-        # the driver's fault: some seconds into the culprit's phase (after its first phase line)
-        ref = first_line(truth, cul, ("idle",) if c["phase"].startswith("serve_") else ("busy", "loading", "compiling"))
-        delay = 6.0 if todo == "request" else (12.0 if c["phase"] == "compile" else 6.0)
+        # the driver's fault: some seconds into the culprit's phase (after its first phase line); into a
+        # warm-up or a capture, some seconds before its middle
+        ref = first_line(truth, cul, ("idle",) if c["phase"].startswith("serve_") else
+                         ("graph_capture",) if c["phase"] == "graph_capture" else ("busy", "loading", "compiling"))
+        delay = 6.0 if todo == "request" else {"compile": 12.0, "warmup": 4.0, "graph_capture": 4.0}.get(c["phase"], 6.0)
         if ref is None or time.time() < ref["t"] + delay:
             continue
         if todo == "request":
@@ -323,11 +383,11 @@ def record(c: dict[str, str], out: Path) -> dict[str, Any]:
     keep_only(d, pids, job)
     neutralize_cell(d, host_paths(job))
     meta = json.loads((d / "meta.json").read_text())
-    ranks = {str(x["rank"]): x["pid"] for x in final if x["state"] == "starting"}
-    meta.update({"scenario": name, "axes": c, "world_size": 2, "ranks": ranks, "t_end": t_end,
+    rank_pids = {str(x["rank"]): x["pid"] for x in final if x["state"] == "starting"}
+    meta.update({"scenario": name, "axes": c, "world_size": size, "ranks": rank_pids, "t_end": t_end,
                  "driver": "scripts/matrix.py", "device": os.environ.get("MATRIX_DEVICE", "cpu"),
                  "launch": f"{c['launcher']} tests/workloads/matrix_job.py {c['launcher']} {c['phase']} {c['fault']} "
-                           f"{c['wait']} JOBDIR"})
+                           f"{c['wait']} JOBDIR" + (f" --world-size {size}" if size != 2 else "")})
     (d / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
     (d / "truth.jsonl").write_text("".join(json.dumps(x) + "\n" for x in final))
     exp = expect(c, final, worker_pid)
@@ -611,8 +671,8 @@ def main() -> None:
     if a.score is not None:
         report(sorted(p.parent for p in Path(a.score).glob("*/expect.json")), Path(a.md) if a.md else None)
         return
-    chosen = gpu_cells() + list(EXTRA_GPU_CELLS) if os.environ.get("MATRIX_DEVICE") == "cuda" \
-        else cells(a.n) + list(EXTRA_CELLS)
+    chosen = gpu_cells() + list(EXTRA_GPU_CELLS) + wide_cells(True) if on_gpu() \
+        else cells(a.n) + list(EXTRA_CELLS) + wide_cells(False)
     if a.only:
         want = a.only.split(",")
         picked = [c for c in chosen if any(w == name_of(c) or w in name_of(c) for w in want)]

@@ -1,8 +1,8 @@
 """The job matrix (tests/data/traces/matrix-*/), replayed: every cell must be right per second and about
 its incidents.
 
-Each cell is a real 2-rank job (torch.distributed on gloo on the CPU, NCCL on a GPU host) that crosses
-four axes (launcher, phase, fault, how the culprit waits), recorded with `hangd record` by
+Each cell is a real job of 2 ranks, or 4 or 8 (torch.distributed on gloo on the CPU, NCCL on a GPU
+host) that crosses five axes (launcher, phase, fault, how the culprit waits, world size), recorded with `hangd record` by
 scripts/matrix.py, with the ranks' own truth and what a good diagnosis must say (expect.json). A
 quarter of the cells is the check set (`is_check_cell`): they are judged here like the others, and
 reported apart by `python scripts/matrix.py --score`.

@@ -1,28 +1,38 @@
-"""One cell of the job matrix (scripts/matrix.py): a real 2-rank torch.distributed job on gloo (CPU) or
-NCCL (``MATRIX_DEVICE=cuda``), started by one of four launchers, going through one phase, with one fault.
+"""One cell of the job matrix (scripts/matrix.py): a real torch.distributed job of 2 ranks (or
+``--world-size`` of them) on gloo (CPU) or NCCL (``MATRIX_DEVICE=cuda``), started by one of four
+launchers, going through one phase, with one fault.
 
-    matrix_job.py LAUNCHER PHASE FAULT WAIT JOBDIR
+    matrix_job.py LAUNCHER PHASE FAULT WAIT JOBDIR [--world-size N]
 
 LAUNCHER  torchrun  this file is run by torchrun (RANK, WORLD_SIZE, MASTER_* from its environment)
-          spawn     torch.multiprocessing.spawn starts the two ranks
+          spawn     torch.multiprocessing.spawn starts the ranks
           mpargv    a parent without torch.distributed starts one process per rank, the rank passed as
                     an argument (``--rank 1``) and the rendezvous as a tcp:// address, as SGLang and
                     vLLM start their schedulers and workers
-          parent    the parent is rank 0 itself; it starts rank 1 as its child
+          parent    the parent is rank 0 itself; it starts the other ranks as its children
 PHASE     train (DDP with DataLoader workers), load_disk (reads from the disk), load_cache (reads from
           the page cache), load_slow (throttled reads: 8 MB, then 60 ms asleep), compile (torch.compile,
-          cold cache), checkpoint (rank 0 writes torch.save chunks with fsync while rank 1 waits in the
-          next collective), serve_accept (rank 0 waits in accept(), rank 1 in a broadcast from it),
+          cold cache), checkpoint (rank 0 writes torch.save chunks with fsync while the others wait in
+          the next collective), serve_accept (rank 0 waits in accept(), the others in a broadcast from it),
           serve_poll (rank 0 polls an empty request queue and broadcasts an empty batch 20 times a
-          second; rank 1 waits in that broadcast), finished (a short training, then a clean exit)
+          second; the other ranks wait in that broadcast), finished (a short training, then a clean
+          exit), warmup (a server's collective warm-up: a small model's forward and an all_reduce of
+          its output, back to back, hundreds of times or more for about 10 s; then it serves with no
+          request in, as serve_poll), graph_capture (GPU only: a stack of Linear layers with an
+          all_reduce, captured with torch.cuda.graph for one batch size after another as SGLang does,
+          for about 12 s: two warm-up forwards on a side stream, a barrier, the capture; then the
+          graphs replay for a few seconds)
 FAULT     none, dl_blocks (a DataLoader worker of the culprit blocks forever in __getitem__),
           thread_dies (a worker thread of the culprit dies on an exception; the main thread waits for
-          its result forever), stuck (the culprit's main thread waits forever), skip (the culprit skips
-          one collective), exit_early (the culprit exits cleanly, too early), sigstop / sigkill (the
-          driver stops or kills the culprit)
+          its result forever), stuck (the culprit's main thread waits forever: in warmup and
+          graph_capture halfway through), skip (the culprit skips one collective), exit_early (the
+          culprit exits cleanly, too early), sigstop / sigkill (the driver stops or kills the culprit)
 WAIT      how the one that never returns waits: event (threading Condition/Event), queue_get
           (queue.get with a timeout, in a loop), select_pipe, sleep_loop, spin, socket_recv,
           collective (a gloo/NCCL collective), store (a new process group's store handshake), none
+
+The culprit is the last rank (rank 1 of 2), or rank 0 where rank 0 does the work that fails (a
+server's request, the checkpoint's writing).
 
 Every rank writes its own ground truth to JOBDIR/truth_<rank>.jsonl: {t, pid, rank, state, phase}, and
 ``"job_hung": true`` on the line where the job stops progressing for good (the driver then marks every
@@ -47,6 +57,8 @@ RANK = -1
 A: Any = None  # the cell's arguments
 CULPRIT = 1
 PHASE_S = float(os.environ.get("MATRIX_PHASE_S", "7"))  # healthy work before the fault
+WARMUP_S = float(os.environ.get("MATRIX_WARMUP_S", "10"))  # a server's collective warm-up
+CAPTURE_S = float(os.environ.get("MATRIX_CAPTURE_S", "12"))  # CUDA-graph capture over the batch sizes
 
 
 LAST_STATE = ""
@@ -109,6 +121,7 @@ def wait_forever(how: str, what: str) -> None:
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1e6)"], stdout=subprocess.PIPE)
         with open(os.path.join(A.jobdir, f"worker_block_{RANK}.json"), "w") as f:
             json.dump({"t": round(time.time(), 3), "worker_pid": child.pid}, f)
+        assert child.stdout is not None
         while True:
             select.select([child.stdout], [], [], 5.0)
     else:
@@ -232,8 +245,8 @@ def train(seconds: float, fault: str = "none", how: str = "none", dl: bool = Tru
     block_step = steps // 2 if fault == "dl_blocks" and RANK == CULPRIT else -1
     skip_step = steps // 2 if fault == "skip" and RANK == CULPRIT else -1
     die_step = steps // 2 if fault in ("thread_dies", "stuck") and RANK == CULPRIT else -1
-    data = Data(block_step * BATCH if block_step >= 0 else -1, how)
-    loader = torch.utils.data.DataLoader(data, batch_size=BATCH, num_workers=2 if dl else 0,
+    data: Any = Data(block_step * BATCH if block_step >= 0 else -1, how)
+    loader: Any = torch.utils.data.DataLoader(data, batch_size=BATCH, num_workers=2 if dl else 0,
                                          sampler=range(steps * BATCH + BATCH * 4), persistent_workers=False)
     it = iter(loader)
     for step in range(steps):
@@ -309,7 +322,7 @@ def load(mode: str, fault: str, how: str) -> None:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         os.close(fd)
     truth("loading", f"loading:{mode}", solo=True)
-    seconds = PHASE_S if RANK == 1 else PHASE_S * 0.6
+    seconds = PHASE_S if RANK == CULPRIT else PHASE_S * 0.6
     culprit = RANK == CULPRIT
     if culprit and fault == "thread_dies":
         read_shards(paths, seconds * 0.5, mode)
@@ -413,13 +426,15 @@ def sync_point(fault: str, how: str) -> None:
         dist.barrier()
 
 
-def serve(mode: str, fault: str, how: str) -> None:
+def serve(mode: str, fault: str, how: str, warm: bool = True) -> None:
     """Rank 0 takes requests (accept() on a socket, or a queue fed by a listener thread) and broadcasts
-    each batch to rank 1; a request arrives only when the driver sends one (a fault cell)."""
+    each batch to the other ranks; a request arrives only when the driver sends one (a fault cell).
+    ``warm``: a short training first (the warmup phase has warmed up already)."""
     import torch
 
-    truth("busy", "busy:warmup")
-    train(2.0, dl=False)
+    if warm:
+        truth("busy", "busy:warmup")
+        train(2.0, dl=False)
     lst = None
     if RANK == 0:
         lst = socket.socket()
@@ -497,6 +512,155 @@ def finished() -> None:
     dist.destroy_process_group()
 
 
+def sync_device() -> None:
+    import torch
+
+    if device().type == "cuda":
+        torch.cuda.synchronize()
+
+
+def agreed_count(step: Any, seconds: float, probe: int, lo: int, hi: int) -> int:
+    """How many more runs of ``step`` make about ``seconds``, the same on every rank: ``probe`` runs
+    timed, the slowest rank's pace taken (an all_reduce of it). A loop with a collective in it must run
+    as often on every rank, else the rank that stops first leaves the others waiting."""
+    import torch
+    import torch.distributed as dist
+
+    t0 = time.monotonic()
+    for _ in range(probe):
+        step()
+    sync_device()
+    pace = torch.tensor([(time.monotonic() - t0) / probe], dtype=torch.float64, device=device())
+    dist.all_reduce(pace, op=dist.ReduceOp.MAX)
+    return max(lo, min(hi, int(seconds / max(float(pace.item()), 1e-6))))
+
+
+def small_model(layers: int) -> tuple[Any, int, Any]:
+    """A stack of Linear layers, as one tensor-parallel shard of a model (bf16 on a GPU), its width and
+    dtype."""
+    import torch
+
+    dev = device()
+    gpu = dev.type == "cuda"
+    width = 2048 if gpu else 512
+    dtype = torch.bfloat16 if gpu else torch.float32
+    torch.manual_seed(0)
+    stack = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.GELU())
+                                  for _ in range(layers)]).to(dev, dtype)
+    return stack, width, dtype
+
+
+def warmup(fault: str, how: str) -> None:
+    """A server's collective warm-up before it serves: a small model's forward and an all_reduce of its
+    output (a row-parallel layer's), back to back, for about WARMUP_S (hundreds of all_reduces or more,
+    as many on every rank); then it serves with no request in (serve_poll). The culprit's fault
+    (stuck, thread_dies) comes halfway through the warm-up; the driver's (sigstop, sigkill) a few
+    seconds into it."""
+    import torch
+    import torch.distributed as dist
+
+    truth("busy", "busy:warmup_all_reduce")
+    model, width, dtype = small_model(4)
+    x = torch.randn(64, width, device=device(), dtype=dtype)
+
+    def step() -> None:
+        with torch.no_grad():
+            y = model(x)
+            dist.all_reduce(y)
+
+    n = agreed_count(step, WARMUP_S, 20, 200, 20000)
+    log(f"warm-up: {n} all_reduces")
+    cut = n // 2 if RANK == CULPRIT and fault in ("stuck", "thread_dies") else -1
+    for i in range(n):
+        if i == cut:
+            if fault == "thread_dies":
+                truth("hung", "hung:waiting_dead_warmup_thread", job_hung=True)
+                in_thread(step, how, dies=True)
+            else:
+                truth("hung", f"hung:warmup_stuck_{how}", job_hung=True)
+                wait_forever(how, "nothing")
+        step()
+    sync_device()
+    log("warm-up done")
+    sync_point(fault, how)
+    serve("serve_poll", "none", "none", warm=False)
+
+
+def capture_sizes() -> list[int]:
+    """The batch sizes a server captures a graph for, smallest first: 1, 2, 4, then every 8."""
+    return [1, 2, 4] + list(range(8, 2048 + 1, 8))
+
+
+def graph_capture(fault: str, how: str) -> None:
+    """CUDA-graph capture as SGLang's cuda_graph_runner does it: for one batch size after another, two
+    warm-up forwards on a side stream, a barrier, then torch.cuda.graph over the forward (Linear layers
+    and an all_reduce) into one shared memory pool; as many sizes on every rank as make about
+    CAPTURE_S. Rank 0 logs its progress as SGLang does. Then the graphs replay (the server's decode
+    steps). The culprit's fault (stuck) comes halfway through the sizes; the driver's (sigstop,
+    sigkill) a few seconds into the capture."""
+    import torch
+    import torch.distributed as dist
+
+    dev = device()
+    model, width, dtype = small_model(16)
+    sizes = capture_sizes()
+    static_in = torch.randn(sizes[-1], width, device=dev, dtype=dtype)
+    side = torch.cuda.Stream()
+    graphs: list[tuple[Any, Any]] = []  # each graph and its output (a graph replays on the very tensors it captured)
+    pool = None
+
+    def forward(bs: int) -> Any:
+        y = model(static_in[:bs])
+        dist.all_reduce(y)
+        return y
+
+    def capture_one(bs: int) -> None:
+        nonlocal pool
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.no_grad(), torch.cuda.stream(side):
+            for _ in range(2):
+                forward(bs)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        dist.barrier()
+        g = torch.cuda.CUDAGraph()
+        with torch.no_grad(), torch.cuda.graph(g, pool=pool, stream=side):
+            out = forward(bs)
+        pool = g.pool()
+        graphs.append((g, out))
+        if RANK == 0:
+            free, _ = torch.cuda.mem_get_info()
+            log(f"Capturing batches (bs={bs} avail_mem={free / 2**30:.2f} GB): {len(graphs)}")
+
+    truth("graph_capture", "graph_capture:cuda_graph_runner")
+    if RANK == 0:
+        log("Capture cuda graph begin. This can take up to several minutes.")
+    t0 = time.monotonic()
+    probe = iter(sizes)
+    n = 4 + agreed_count(lambda: capture_one(next(probe)), CAPTURE_S, 4, 20, len(sizes) - 4)
+    cut = n // 2 if RANK == CULPRIT and fault == "stuck" else -1
+    for i in range(4, n):
+        if i == cut:
+            truth("hung", f"hung:capture_stuck_{how}", job_hung=True)
+            wait_forever(how, "nothing")
+        capture_one(sizes[i])
+    torch.cuda.synchronize()
+    log(f"Capture cuda graph end. Time elapsed: {time.monotonic() - t0:.2f} s. {n} graphs")
+    truth("busy", "busy:graph_replay")
+    k = 0
+
+    def replay() -> None:
+        nonlocal k
+        graphs[(k * 7) % len(graphs)][0].replay()  # the same order on every rank: each holds an all_reduce
+        k += 1
+
+    for _ in range(agreed_count(replay, PHASE_S, 50, 100, 1000000)):
+        replay()
+    torch.cuda.synchronize()
+    log(f"{k} replays")
+    sync_point(fault, how)
+
+
 def rank_main(rank: int | None = None, world: int = 2, init: str | None = None) -> None:
     global RANK
     if rank is None:
@@ -510,7 +674,7 @@ def rank_main(rank: int | None = None, world: int = 2, init: str | None = None) 
     backend = "nccl" if os.environ.get("MATRIX_DEVICE") == "cuda" else "gloo"
     if os.environ.get("MATRIX_DEVICE") == "cuda":
         if torch.cuda.device_count() < world:
-            os.environ["NCCL_HOSTID"] = f"matrix-rank{rank}"  # two ranks on one GPU, as if on two hosts
+            os.environ["NCCL_HOSTID"] = f"matrix-rank{rank}"  # ranks sharing a GPU, each as if on a host of its own
         torch.cuda.set_device(device())
     dist.init_process_group(backend, init_method=init, rank=rank, world_size=world)
     log(f"rank {rank} pid {os.getpid()} ready, {A.phase} {A.fault} {A.wait}")
@@ -528,6 +692,10 @@ def rank_main(rank: int | None = None, world: int = 2, init: str | None = None) 
         checkpoint(fault, how)
     elif p.startswith("serve_"):
         serve(p, fault, how)
+    elif p == "warmup":
+        warmup(fault, how)
+    elif p == "graph_capture":
+        graph_capture(fault, how)
     elif p == "finished":
         finished()
         return
@@ -539,7 +707,7 @@ def rank_main(rank: int | None = None, world: int = 2, init: str | None = None) 
 def _spawned(rank: int, args: Any, port: int, culprit: int) -> None:
     global A, CULPRIT
     A, CULPRIT = args, culprit
-    rank_main(rank, 2, f"tcp://127.0.0.1:{port}")
+    rank_main(rank, args.world_size, f"tcp://127.0.0.1:{port}")
 
 
 def free_port() -> int:
@@ -559,10 +727,13 @@ def main() -> None:
     ap.add_argument("wait")
     ap.add_argument("jobdir")
     ap.add_argument("--rank", type=int, default=None)
-    ap.add_argument("--world-size", type=int, default=2)
+    ap.add_argument("--world-size", type=int, default=None, help="ranks (default: torchrun's WORLD_SIZE, else 2)")
     ap.add_argument("--dist-init", default=None)
     A = ap.parse_args()
+    if A.world_size is None:
+        A.world_size = int(os.environ.get("WORLD_SIZE", "2")) if A.launcher == "torchrun" else 2
     global CULPRIT
+    CULPRIT = A.world_size - 1
     # rank 0 does the work in a server and writes the checkpoint: there it is the one that fails
     if A.fault in ("thread_dies", "stuck") and (A.phase.startswith("serve_") or A.phase == "checkpoint"):
         CULPRIT = 0
@@ -573,20 +744,22 @@ def main() -> None:
     elif A.launcher == "spawn":
         import torch.multiprocessing as mp
 
-        mp.spawn(_spawned, args=(A, free_port(), CULPRIT), nprocs=2, join=True)
+        mp.spawn(_spawned, args=(A, free_port(), CULPRIT), nprocs=A.world_size, join=True)
     else:
         port = free_port()
         cmd = [sys.executable, os.path.abspath(__file__), "rank", A.phase, A.fault, A.wait, A.jobdir,
-               "--world-size", "2", "--dist-init", f"tcp://127.0.0.1:{port}"]
+               "--world-size", str(A.world_size), "--dist-init", f"tcp://127.0.0.1:{port}"]
         if A.launcher == "mpargv":
-            procs = [subprocess.Popen([*cmd, "--rank", str(r)]) for r in range(2)]
+            procs = [subprocess.Popen([*cmd, "--rank", str(r)]) for r in range(A.world_size)]
             rc = 0
             for pr in procs:
                 rc = pr.wait() or rc
             sys.exit(rc)
-        child = subprocess.Popen([*cmd, "--rank", "1"])  # parent: rank 0 is this process
-        rank_main(0, 2, f"tcp://127.0.0.1:{port}")
-        child.wait()
+        # parent: rank 0 is this process, the others its children
+        children = [subprocess.Popen([*cmd, "--rank", str(r)]) for r in range(1, A.world_size)]
+        rank_main(0, A.world_size, f"tcp://127.0.0.1:{port}")
+        for child in children:
+            child.wait()
 
 
 if __name__ == "__main__":
