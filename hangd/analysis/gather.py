@@ -8,7 +8,7 @@ working); they decide nothing themselves.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
 from hangd.analysis import local, otherend, rankstate, stackcat
@@ -147,7 +147,9 @@ def evidence(an: Analyzer, pid: int, jv: JobView, facts: dict[str, Any], orphane
         held = (State.BUSY, f"done compiling; its stack after the compile: {p.verdict.why} ({p.verdict.frame})")
     return rankstate.Evidence(
         local=loc, why=why, progress=progress, how=how, waits_on=waiting_on, waits_detail=detail,
-        started=p.started, first_evidence=first_evidence(an, pid, jv), previous=held[0], why_previous=held[1],
+        # once set up, it stays so: what first_evidence looks for (and keeps) no longer matters
+        started=p.started, first_evidence=not p.started and first_evidence(an, pid, jv), previous=held[0],
+        why_previous=held[1],
         orphaned=orphaned, orphan_why=orphan.reason(an.view, pid) if orphaned else "",
         job_hung=job_hung, hung_why=facts["hung_why"], hung_ref=facts["hung_ref"], age_s=s.age_s,
         idle_server=facts["idle"] and not worker_stuck, idle_why=facts["idle_why"],
@@ -211,29 +213,30 @@ def progress_record(an: Analyzer, pid: int, s: ProcSignals, t: float,
     out: dict[str, rankstate.Moved] = {}
     how: dict[str, str] = {}
 
-    def put(src: str, known: bool, moved: bool, words: str = "") -> None:
+    def put(src: str, known: bool, moved: bool, words: Callable[[], str]) -> None:
+        # the words only for what moved: most sources of most ranks move at no tick
         out[src] = M.UNKNOWN if not known else (M.YES if moved else M.NO)
-        if moved and words:
-            how[src] = words
+        if moved:
+            how[src] = words()
 
     g = s.gpu
-    put("gpu_work", bool(s.gpu_indexes) and g.util is not None, g.works(th), "its GPU works")
+    put("gpu_work", bool(s.gpu_indexes) and g.util is not None, g.works(th), lambda: "its GPU works")
     put("cpu_own_code", s.cpu_cores is not None, (s.cpu_cores or 0) >= th.busy_cpu_cores,
-        f"on CPU ({s.cpu_cores or 0:.1f} cores)")
+        lambda: f"on CPU ({s.cpu_cores or 0:.1f} cores)")
     put("read", s.in_long_per_s is not None, local.moves(s, th, "in"),
-        f"read {(s.in_long_per_s or 0) / 1e6:.0f} MB/s ({s.in_counter})")
+        lambda: f"read {(s.in_long_per_s or 0) / 1e6:.0f} MB/s ({s.in_counter})")
     put("write", s.out_long_per_s is not None, local.moves(s, th, "out"),
-        f"wrote {(s.out_long_per_s or 0) / 1e6:.0f} MB/s ({s.out_counter})")
-    put("log", True, s.log_grew_at is not None and t - s.log_grew_at <= th.window_s, "wrote to its log")
+        lambda: f"wrote {(s.out_long_per_s or 0) / 1e6:.0f} MB/s ({s.out_counter})")
+    put("log", True, s.log_grew_at is not None and t - s.log_grew_at <= th.window_s, lambda: "wrote to its log")
     put("collectives", s.wakes_per_s is not None, an._last_wait(pid, s, t) == "collective"
-        and (s.wakes_per_s or 0) >= th.wake_per_s, "its collectives complete")
+        and (s.wakes_per_s or 0) >= th.wake_per_s, lambda: "its collectives complete")
     p = an._track(pid)
     put("stack", p.stack_sig_t is not None, bool(p.stack_sig_t and an.progress.of(pid).why.startswith("its stack")
                                                  and t - (an.progress.of(pid).last or 0) <= th.window_s),
-        "its stack changed")
+        lambda: "its stack changed")
     kids = an.view.workers(pid, ranks)
     busy = [c for c in kids if an.view.cpu_works(c, t)]
-    put("children", bool(kids), bool(busy), f"its workers pid {', '.join(map(str, busy[:4]))} work")
+    put("children", bool(kids), bool(busy), lambda: f"its workers pid {', '.join(map(str, busy[:4]))} work")
     return out, how
 
 def still_for(an: Analyzer, pid: int, t: float) -> float | None:

@@ -389,9 +389,19 @@ def _directions(sig: ProcSignals, win: list[tuple[float, ProcSample]], th: Thres
     if not first or not last:
         return
     span = max(win[-1][0] - win[0][0], 1e-3)
+    # the counters only grow: the same at both ends, they stood still all the window (most ranks,
+    # most ticks), and no reading between needs a look
+    still = first is last or first == last
     for direction, keys in (("in", ("read_bytes", "rchar")), ("out", ("write_bytes", "wchar"))):
         moved = {k: max(0, last[k] - first[k]) for k in keys if k in first and k in last}
         if not moved:
+            continue
+        if still:
+            setattr(sig, f"{direction}_long_per_s", 0.0)
+            setattr(sig, f"{direction}_active_s", 0)
+            setattr(sig, f"{direction}_counter", next(iter(moved)))
+            if direction == "in":
+                sig.in_quiet_s, sig.in_pause_s = None, 0.0
             continue
         key = max(moved, key=lambda k: moved[k])
         secs = set()
@@ -426,7 +436,10 @@ def _long_signals(sig: ProcSignals, h: ProcHistory, th: Thresholds, t: float,
         _directions(sig, win, th)
         total = 0
         secs: set[int] = set()
-        for (_, a), (t1, b) in zip(win, win[1:], strict=False):
+        ends = win[0][1].io, win[-1][1].io
+        # counters that only grow, the same at both ends: nothing moved between (see _directions)
+        pairs = zip(win, win[1:], strict=False) if not ends[0] or ends[0] != ends[1] else ()
+        for (_, a), (t1, b) in pairs:
             ai, bi = a.io, b.io
             if ai and bi:
                 # the source hands on the same dict while the counters stand still: nothing moved

@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import os
 import platform
+import queue
 import socket
 import struct
 import threading
 import time
 from collections.abc import Iterable
+from typing import Any
 
 from hangd.snapshot import FdWait, ProcSample
 
@@ -52,6 +54,7 @@ MAX_EPOLL_FDS = 2048  # an epoll set read from fdinfo at most in a process of th
 MAX_DIAG = 64  # sock_diag questions a tick
 DEADLINE_S = 0.1  # the most a tick waits for these reads (they take 0.03-2 ms when nothing blocks)
 REFRESH_S = 5.0  # an unchanged wait is resolved again at most this often
+READER_IDLE_S = 30.0  # the reader thread ends after this long with no read to do
 TCP_LISTEN, TCP_ESTABLISHED = "0A", "01"
 UNIX_LISTEN = 10  # the socket state sock_diag reports for a listening Unix socket
 
@@ -184,6 +187,10 @@ class FdWaits:
         self._tcp: dict[str, tuple[dict[int, tuple[str, str, str]], dict[tuple[str, str], int]]] = {}
         self._diag: dict[int, tuple[int | None, int | None]] = {}
         self._busy = threading.Event()  # a read is under way (it may have outlasted its tick)
+        self._done = threading.Event()  # the read handed to the reader thread is done
+        self._jobs: queue.SimpleQueue[tuple[list[ProcSample], list[int], dict[int, Any]]] = queue.SimpleQueue()
+        self._reader: threading.Thread | None = None  # one thread for every tick's reads, not one a tick
+        self._lock = threading.Lock()  # starting and ending the reader thread
         self.overruns = 0  # ticks whose reads outlasted DEADLINE_S
 
     def _p(self, pid: int, *parts: str) -> str:
@@ -204,40 +211,58 @@ class FdWaits:
         watched = sorted(watched)
         out: dict[int, tuple[str | None, list[FdWait] | None]] = {}
         self._busy.set()
-        worker = threading.Thread(target=self._collect, args=(todo, watched, out), name="hangd-fdwait", daemon=True)
-        worker.start()
-        worker.join(DEADLINE_S)
-        if worker.is_alive():
+        self._done.clear()
+        with self._lock:
+            if self._reader is None or not self._reader.is_alive():
+                self._reader = threading.Thread(target=self._serve, name="hangd-fdwait", daemon=True)
+                self._reader.start()
+            self._jobs.put((todo, watched, out))
+        if not self._done.wait(DEADLINE_S):
             self.overruns += 1
             return  # it clears _busy when it returns; what it found is not this tick's
         for s in todo:
             if s.pid in out:
                 s.wait_syscall, s.fd_waits = out[s.pid]
 
+    def _serve(self) -> None:
+        """The reader thread: each tick's reads in turn; it ends after READER_IDLE_S with none (a
+        source no longer ticked leaves no thread behind), and the next tick starts another."""
+        while True:
+            try:
+                todo, watched, out = self._jobs.get(timeout=READER_IDLE_S)
+            except queue.Empty:
+                with self._lock:
+                    if self._jobs.empty():
+                        self._reader = None
+                        return
+                continue
+            try:
+                self._collect(todo, watched, out)
+            finally:
+                self._done.set()  # before _busy clears: a tick that then starts a read waits for its own
+                self._busy.clear()
+
     def _collect(self, todo: list[ProcSample], watched: list[int], out: dict[int, tuple[str | None, list[FdWait] | None]]) -> None:
-        try:
-            self._tcp, self._diag, self._budget = {}, {}, LINK_BUDGET
-            self._watched = watched
-            now = self._tick_at = time.monotonic()
-            for pid in [p for p, (at, _, _) in self._tables.items() if now - at >= REFRESH_S or p not in watched]:
-                del self._tables[pid]
-            for s in todo:
-                text = _read(self._p(s.pid, "syscall"))
-                if text is None:
-                    continue
-                hit = self._cache.get(s.pid)
-                if hit is not None and hit[0] == text and now - hit[1] < REFRESH_S:
-                    out[s.pid] = hit[2], hit[3]
-                    continue
-                try:
-                    out[s.pid] = self.read(s.pid, text)
-                except Exception:  # noqa: BLE001 - a process that changed mid-read: unknown, this tick only
-                    out[s.pid] = None, None
-                self._cache[s.pid] = (text, now, *out[s.pid])
-            for pid in set(self._cache) - {s.pid for s in todo}:
-                del self._cache[pid]
-        finally:
-            self._busy.clear()
+        self._tcp, self._diag, self._budget = {}, {}, LINK_BUDGET
+        self._watched = watched
+        now = self._tick_at = time.monotonic()
+        for pid in [p for p, (at, _, _) in self._tables.items() if now - at >= REFRESH_S or p not in watched]:
+            del self._tables[pid]
+        for s in todo:
+            text = _read(self._p(s.pid, "syscall"))
+            if text is None:
+                continue
+            hit = self._cache.get(s.pid)
+            if hit is not None and hit[0] == text and now - hit[1] < REFRESH_S:
+                out[s.pid] = hit[2], hit[3]
+                continue
+            try:
+                out[s.pid] = self.read(s.pid, text)
+            except Exception:  # noqa: BLE001 - a process that changed mid-read: unknown, this tick only
+                out[s.pid] = None, None
+            self._cache[s.pid] = (text, now, *out[s.pid])
+        for pid in set(self._cache) - {s.pid for s in todo}:
+            del self._cache[pid]
 
     def read(self, pid: int, text: str) -> tuple[str | None, list[FdWait] | None]:
         """The call named by ``text`` (its /proc/PID/syscall) and what each of its descriptors is."""

@@ -42,6 +42,7 @@ STOP_COMMS = frozenset({
 })
 MAX_ANCESTORS = 3
 EXEC_GRACE_S = 3.0
+EXEC_REREAD_S = 0.9  # ... and how often in it: at the default tick (1 s) every tick, at faster ticks no more
 THREADS_EVERY_S = 5.0
 QUIET_REFRESH_S = 10.0
 CHILD_EVERY_S = 5.0  # status and io of a quiet child of a rank (data loader, compile worker)
@@ -62,6 +63,7 @@ ARGV_RANK = re.compile(rb"(?:^|\0)--(?:local[-_]|tp[-_])?rank(?:=|\0)(\d+)(?:\0|
 SPAWN_CHILD = (b"from multiprocessing.spawn import spawn_main", b"from multiprocessing.forkserver import main")
 SPAWN_HINT_S = 60.0
 HINTED_SCAN_EVERY_S = 1.0  # how often a process taken for a rank-to-be is looked at for its threads
+DIST_COMMS = ("python", "pt_main_thread", "pt_", "sglang", "vllm", "Vllm")  # names of processes that may run them
 
 
 @dataclass
@@ -70,6 +72,7 @@ class _Known:
     comm: str
     start_ticks: int
     seen: float = 0.0  # monotonic time hangd first saw it
+    launch_read: float = -1e18  # when its command line and environment were last read (EXEC_GRACE_S)
     job_env: bool = False
     rank: str | None = None  # RANK from its environment, to tell a rank from its children
     info_sent: bool = False
@@ -147,14 +150,15 @@ class ProcSource:
         # line: look again while it is young (cheap: only processes first seen in the last few
         # seconds; after every new one is known, so that a child can be told from its parent).
         for pid, k in self._known.items():
-            if now - k.seen < EXEC_GRACE_S:
+            if now - k.seen < EXEC_GRACE_S and now - k.launch_read >= EXEC_REREAD_S:
+                k.launch_read = now
                 if not k.job_env:
                     self._read_env(pid, k)
                 self._read_launch(pid, k)
-            every = HINTED_SCAN_EVERY_S if self._hinted(k) else DIST_SCAN_EVERY_S
-            if k.dist_threads is None and now - k.dist_scanned >= every and now - k.seen < DIST_SCAN_FOR_S \
-                    and k.comm.startswith(("python", "pt_main_thread", "pt_", "sglang", "vllm", "Vllm")) \
-                    and not self._inherits_rank(k):
+            # the cheap tests first: this runs for every process of the host, every tick
+            if k.dist_threads is None and now - k.dist_scanned >= HINTED_SCAN_EVERY_S and now - k.seen < DIST_SCAN_FOR_S \
+                    and k.comm.startswith(DIST_COMMS) \
+                    and (now - k.dist_scanned >= DIST_SCAN_EVERY_S or self._hinted(k)) and not self._inherits_rank(k):
                 k.dist_scanned = now
                 k.dist_threads = self._dist_threads(pid, k.dist_tids)
         return pids
