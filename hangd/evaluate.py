@@ -88,7 +88,8 @@ def expect_problems(expect: dict[str, Any], incidents: list[dict[str, Any]],
     """What a replay's incidents miss of a trace's ``expect.json`` (empty when it meets it): no hang
     incident where there is no hang, one where there is (of ``hang_kinds`` or the kind expected), the
     expected kind with the culprit rank, the quoted cause, the flight-recorder seq and the pid the
-    summary must name; none of the kinds that must not open."""
+    summary must name; none of the kinds that must not open; one hang incident only where the
+    recording has one hang (``one_incident_per_hang``)."""
     kinds = [i["kind"] for i in incidents]
     out = []
     want = expect.get("incident_kind")
@@ -113,6 +114,8 @@ def expect_problems(expect: dict[str, Any], incidents: list[dict[str, Any]],
                 out.append(f"cause not quoted ({expect['summary_quotes']!r})")
             if "summary_names_pid" in expect and str(expect["summary_names_pid"]) not in summary:
                 out.append(f"pid {expect['summary_names_pid']} (what the culprit waits on) not named")
+    if expect.get("one_incident_per_hang") and len(hangs) > 1:
+        out.append(f"{len(hangs)} hang incidents for one hang")
     out += [f"opened {k}" for k in expect.get("must_not_open", []) if k in kinds and not (hangs and k in hang_kinds)]
     return out
 

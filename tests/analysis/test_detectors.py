@@ -98,6 +98,7 @@ def test_its_own_log_growing_is_progress():
     node.run(15)
     (inc,) = node.an.incidents()
     node.procs[12].wchar_per_s = 400
+    node.procs[11].vol_per_s = 50  # the collective rank 0 waited in completes: it wakes, step after step
     for _ in range(20):
         node.write_log("/job/log1", "step 1234 loss 0.1\n")
         node.procs[12].look = "work"

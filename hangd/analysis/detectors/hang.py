@@ -15,6 +15,7 @@ from hangd.analysis import hardware, otherend, report, stackcat
 from hangd.analysis.detectors import Env
 from hangd.analysis.local import WAIT_VERDICTS
 from hangd.analysis.model import Local, Strength
+from hangd.analysis.thresholds import Thresholds
 from hangd.analysis.views import Culprit, JobTrack, JobView
 from hangd.flightrec.analyze import Finding, FindingKind
 from hangd.incidents import HANG_KINDS, Family, Incident, IncidentKind
@@ -68,6 +69,22 @@ def decide(env: Env, jv: JobView) -> IncidentKind | None:
     return None
 
 
+def still_waiting(jv: JobView, tr: JobTrack, th: Thresholds) -> bool:
+    """Every rank that waited in the hang (``tr.waiters``) and still runs is still in its wait, on
+    evidence of now: its GPU still spins in the collective, or it reads a wait for a peer and its
+    main thread has not woken since the hang was judged (a collective that completes wakes it).
+    Bytes it reads or writes meanwhile (a dump of its own, libraries read to symbolize a stack)
+    do not take it out of the collective. False where no waiter is known."""
+    waiters = [p for p in tr.waiters if p in jv.sigs]
+    since = jv.t - (tr.hung_at if tr.hung_at is not None else jv.t)
+
+    def waits(p: int) -> bool:
+        s = jv.sigs[p]
+        return s.gpu.spins(th) or (jv.readings[p].local.waits_for_peer and s.asleep_s is not None and s.asleep_s >= since)
+
+    return bool(waiters) and all(waits(p) for p in waiters)
+
+
 def stuck_in_own_wait(env: Env, jv: JobView, pid: int) -> bool:
     """Blocked in a wait of its own that no timeout ends: its stack showed the wait
     (``stackcat.OWN_WAIT_KINDS``) and its main thread has not woken since, or its descriptors place
@@ -112,8 +129,11 @@ def step(env: Env, jv: JobView, blocked_by_exit: bool) -> None:
     kind = decide(env, jv)
     inc = env.book.get(jv.job.id, FAMILY)
     if tr.hung:
-        # a hung job un-hangs only on strong progress after it was judged hung
-        if jv.live and jv.last_strong is not None and jv.last_strong > (tr.hung_at or jv.t):
+        # a hung job un-hangs only on strong progress after it was judged hung, and once the wait it
+        # hangs in is over: a rank's dump or log written while every rank that waited still waits
+        # is no end of the hang (one hang, one incident)
+        if jv.live and jv.last_strong is not None and jv.last_strong > (tr.hung_at or jv.t) \
+                and not still_waiting(jv, tr, env.th):
             tr.hung = False
             tr.culprit = None
             if inc is not None and inc.kind in HANG_KINDS:
