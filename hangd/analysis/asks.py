@@ -35,6 +35,7 @@ def ask_for_evidence(an: Analyzer, jv: JobView) -> None:
             tp.cpu_stack_asked = t
             tp.cpu_stacks_unnamed += not tp.verdict.known and tp.verdict_t is not None
             an.requests.stacks.append((p, False))
+    busy_phase_stacks(an, jv)
     probe_collectives(an, jv)
     if jv.quiet < th.stack_quiet_s:
         tr.stacks_asked = []
@@ -54,6 +55,19 @@ def ask_for_evidence(an: Analyzer, jv: JobView) -> None:
         if tr.fr_asked is None or t - tr.fr_asked > th.fr_rerequest_s:
             tr.fr_asked = t
             an.requests.fr_dumps.extend(live)
+
+
+def busy_phase_stacks(an: Analyzer, jv: JobView) -> None:
+    """A job whose ranks work on their GPUs says which phase it is in (CUDA graph capture,
+    compiling, its model running) only in its stacks: one rank's, in turn, every
+    ``busy_stack_every_s`` (non-blocking, like every capture), whatever the job's size."""
+    th, tr, t = an.th, jv.track, jv.t
+    busy = [p for p in jv.live if jv.readings[p].local in (Local.BUSY, Local.GRAPH_CAPTURE) and jv.sigs[p].gpu_indexes]
+    if not busy or (tr.busy_stack_at is not None and t - tr.busy_stack_at < th.busy_stack_every_s):
+        return
+    tr.busy_stack_at = t
+    tr.busy_stack_turn += 1
+    an.requests.stacks.append((busy[tr.busy_stack_turn % len(busy)], False))
 
 
 def probe_collectives(an: Analyzer, jv: JobView) -> None:

@@ -60,7 +60,10 @@ def job_facts(an: Analyzer, jv: JobView) -> dict[str, Any]:
     # a peer went on working a while after the wait began: the wait was for that work, not a hang's
     # first moment, and stays a wait for a peer (not held) when the peer then stops
     peer_worked = any(x > began + th.peer_worked_s for x in worked)
-    return {"hung": tr.hung, "exited": exited, "hung_why": hung_why, "hung_ref": hung_ref, "idle": idle, "idle_why": idle_why,
+    at_work, at_work_why = collectives_at_work(an, jv)
+    capturing, capture_why = job_captures(an, jv)
+    return {"hung": tr.hung, "exited": exited, "hung_why": hung_why, "at_work": at_work, "at_work_why": at_work_why,
+            "capturing": capturing, "capture_why": capture_why, "hung_ref": hung_ref, "idle": idle, "idle_why": idle_why,
             # a wait read off the GPU may be a blip; any wait while nothing moves may be a hang in
             # the making; a wait for a peer that works is waiting_peer at once
             # ... and so may a rank's silence once a rank of its job exited: it may wait for that one
@@ -69,6 +72,38 @@ def job_facts(an: Analyzer, jv: JobView) -> dict[str, Any]:
                 (bool(jv.spinning) and t - tr.episode_start < (th.hang_gpu_s if not peer_works else 2 * th.dwell_s))
                 or (not peer_works and jv.quiet < 2 * th.hang_host_s)),
             "waiting": waiting, "serving": serving, "peer_worked": peer_worked}
+
+def job_captures(an: Analyzer, jv: JobView) -> tuple[bool, str]:
+    """Its job captures CUDA graphs: a rank's stack showed the capture within ``job_phase_s``, or
+    a rank's own log named it within ``log_recent_s`` ("Capturing batches"). Tensor-parallel ranks
+    capture together, a barrier between batch sizes, and usually one of them logs it. Not while
+    a rank is out of it (asleep in a wait of its own, stopped): the others then wait for that one."""
+    t, th = jv.t, an.th
+    if any(jv.readings[p].local not in rankstate.CAPTURING for p in jv.live):
+        return False, ""
+    for p in jv.by_rank(jv.live):
+        tp = an._track(p)
+        if tp.verdict.kind == "graph_capture" and tp.verdict_t is not None and t - tp.verdict_t <= th.job_phase_s:
+            return True, f"rank {jv.job.ranks[p]}'s stack {t - tp.verdict_t:.0f} s ago shows it capturing ({tp.verdict.frame})"
+        if "graph_capture" in jv.sigs[p].log_kinds:
+            return True, f"rank {jv.job.ranks[p]}'s log says it captures CUDA graphs"
+    return False, ""
+
+
+def collectives_at_work(an: Analyzer, jv: JobView) -> tuple[bool, str]:
+    """Every rank reads a wait for a peer, and every rank has itself progressed within
+    ``window_s`` (its own log, its GPU's work, its stack moving): the ranks are in their own
+    collectives as they work (a pipeline's sends and receives, back-to-back all-reduces), each a
+    moment, not waiting on one that stopped. Any number of ranks; one that stops progressing,
+    or leaves the collective for a wait of its own, ends it."""
+    live, t, th = jv.live, jv.t, an.th
+    if len(live) < 2 or any(not jv.readings[p].local.waits_for_peer for p in live):
+        return False, ""
+    lasts = [an.progress.of(p).last_strong for p in live]
+    if any(x is None or t - x > th.window_s for x in lasts):
+        return False, ""
+    return True, f"every rank is in a collective and every rank progresses ({an.progress.why_strongest(live)})"
+
 
 def only_logged(an: Analyzer, pid: int, jv: JobView, since: float) -> bool:
     """Nothing of its work moved since ``since`` but its log (a burst of bytes, a wake-up aside),
@@ -153,6 +188,8 @@ def evidence(an: Analyzer, pid: int, jv: JobView, facts: dict[str, Any], orphane
         orphaned=orphaned, orphan_why=orphan.reason(an.view, pid) if orphaned else "",
         job_hung=job_hung, hung_why=facts["hung_why"], hung_ref=facts["hung_ref"], age_s=s.age_s,
         idle_server=facts["idle"] and not worker_stuck, idle_why=facts["idle_why"],
+        collectives_at_work=facts["at_work"], at_work_why=facts["at_work_why"],
+        job_captures=facts["capturing"], capture_why=facts["capture_why"],
         # a wait on its own workers that do not move keeps what it did before, as a first wait for a
         # peer does, until the job is judged hung or the wait outlasts the hang threshold twice
         hold=(facts["hold"] and not (pid in waiting and facts["peer_worked"])

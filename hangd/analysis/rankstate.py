@@ -71,6 +71,11 @@ class Evidence:
     age_s: float = 0.0
     idle_server: bool = False  # the job serves and no request is in: nobody works, the waits end
     idle_why: str = ""
+    # every rank of the job is in a collective and every one progresses: their collectives at work
+    collectives_at_work: bool = False
+    at_work_why: str = ""
+    job_captures: bool = False  # its job captures CUDA graphs (a rank's stack or log says so)
+    capture_why: str = ""
     hold: bool = False  # a first wait, younger than the hang threshold and not a pattern: keep the state
     peers_wait_for_it: str = ""  # the ranks that wait for it in a collective, if any ("1, 2")
     it_waits_for: str = ""  # the ranks it waits for, if it waits in a collective ("0")
@@ -116,6 +121,23 @@ def _idle_server(e: Evidence) -> str | None:
 
 def _setting_up(e: Evidence) -> str | None:
     return None if e.started or e.first_evidence else f"started {e.age_s:.0f} s ago and still setting up: {e.why}"
+
+
+# Readings of a rank taking part in its job's graph capture: its GPU at work, or in the capture's
+# collectives and barriers between batch sizes.
+CAPTURING = (Local.BUSY, Local.GRAPH_CAPTURE, Local.SPINNING, Local.WAITING, Local.CPU)
+
+
+def _job_captures(e: Evidence) -> str | None:
+    if not e.job_captures or e.local not in CAPTURING or e.local == Local.GRAPH_CAPTURE:
+        return None  # a rank whose own evidence shows the capture says so itself
+    return f"its job captures CUDA graphs: {e.capture_why}; this rank: {e.why}"
+
+
+def _collectives_at_work(e: Evidence) -> str | None:
+    if not e.collectives_at_work or not e.local.waits_for_peer:
+        return None
+    return f"{e.at_work_why}; this rank: {e.why}"
 
 
 def _hold(e: Evidence) -> str | None:
@@ -164,6 +186,10 @@ TABLE: tuple[Row, ...] = (
     Row("idle_server", "its job serves with no request in: nobody works and every wait is for outside input "
         "or keeps ending", State.IDLE, _idle_server),
     Row("setting_up", "it has shown nothing yet of what it is for", State.STARTING, _setting_up),
+    Row("job_captures", "its job captures CUDA graphs (a rank's stack or own log says so) and it works on its GPU or "
+        "waits in the capture's collectives", State.GRAPH_CAPTURE, _job_captures),
+    Row("collectives_at_work", "it waits in a collective, and so does every rank of its job, each of which progressed "
+        "within the window: their collectives at work", State.BUSY, _collectives_at_work),
     Row("hold", "a first wait or silence in its job, or a wait on its own workers that do not move, younger than "
         "the hang threshold, not a pattern (unless every rank waits), not a compiling rank whose stack now shows a "
         "wait, not a wait that began while a peer went on working, and not a wait in a job a rank of which exited", "previous", _hold),

@@ -131,6 +131,11 @@ class Thresholds:
     verdict_known_s: float = 300.0  # the last known kind of wait, for telling a cycling wait from a stuck one
     stack_recapture_s: float = 300.0  # a quiet job's stacks are taken again this often
     cpu_stack_every_s: float = 30.0  # ... and a rank's on the CPU with no GPU work and no fresh stack (what it does)
+    # one rank of a job busy on its GPUs has its stack taken this often, in turn (a phase such as
+    # CUDA graph capture shows only there): one py-spy dump (10-16 ms of CPU) per job per period
+    busy_stack_every_s: float = 4.0
+    # a phase one rank's stack or log names is its job's for this long: its ranks capture together
+    job_phase_s: float = 8.0
     fr_rerequest_s: float = 60.0  # flight-recorder dumps of a hung job are asked for again this often
     # a job where some ranks wait in a collective and none works (an idle server broadcasting empty
     # batches, or a hang in the making): its dumps are asked for this often, for whether its

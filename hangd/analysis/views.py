@@ -78,6 +78,8 @@ class JobTrack:
     native_asked: bool = False
     fr_asked: float | None = None
     fr_probed: float | None = None  # dumps last asked for whether its collectives still complete
+    busy_stack_at: float | None = None  # when a busy rank's stack was last asked for (asks.busy_phase_stacks)
+    busy_stack_turn: int = 0  # whose turn it was
     episode: frozenset[int] | None = None
     episode_start: float = 0.0
     episodes: deque[tuple[float, frozenset[int]]] = field(default_factory=lambda: deque(maxlen=64))

@@ -47,6 +47,13 @@ ROWS = [
     (replace(BASE, local=Local.WORKER_WAIT, why="its main thread waits in poll on a pipe held by its child",
              progress={"children": Moved.NO}, hold=True, previous=State.LOADING), State.LOADING, "hold"),
     (replace(BASE, local=Local.LOADING, why="reading 130 MB/s (rchar)"), State.LOADING, "own_reading"),
+    (replace(BASE, local=Local.SPINNING, job_captures=True, capture_why="rank 0's log says it captures CUDA graphs",
+             hold=True), State.GRAPH_CAPTURE, "job_captures"),
+    (replace(BASE, local=Local.GRAPH_CAPTURE, job_captures=True), State.GRAPH_CAPTURE, "own_reading"),
+    (replace(BASE, local=Local.QUIET, job_captures=True, previous=State.BUSY), State.IDLE, "own_reading"),
+    (replace(BASE, local=Local.SPINNING, collectives_at_work=True, at_work_why="every rank progresses", hold=True,
+             previous=State.LOADING), State.BUSY, "collectives_at_work"),
+    (replace(BASE, local=Local.QUIET, collectives_at_work=True, previous=State.LOADING), State.IDLE, "own_reading"),
 ]
 
 

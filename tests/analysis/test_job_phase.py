@@ -1,0 +1,88 @@
+"""Phases a job is in as a whole, decided on facts about every rank of it:
+
+- its collectives at work: every rank is in a collective (spinning on its GPU, or blocked by its
+  stack) and every rank progresses on its own (its log, its GPU's work): a pipeline's sends and
+  receives, back-to-back all-reduces. That is work (``busy``), for 2 ranks or 8; a rank that stops
+  ends it, and the others then wait for it.
+- graph capture: one rank's stack or its own log names the capture ("Capturing batches"), and every
+  rank takes part (at work on its GPU, or in the capture's barriers): each is ``graph_capture``,
+  not ``busy``; not while a rank is out of it (asleep in a wait of its own), the others then wait.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from .builders import ON_CPU, Node, P, torchrun_env
+
+CAPTURE = [("torch/cuda/graphs.py", "capture_begin"), ("sglang/srt/model_executor/cuda_graph_runner.py", "capture_one_batch_size"),
+           ("sglang/srt/model_executor/cuda_graph_runner.py", "capture"), ("scheduler.py", "run_scheduler_process")]
+STEP = [("torch/nn/modules/module.py", "_call_impl"), ("model.py", "forward"), ("serve.py", "main")]
+
+
+def _job(world: int, look: str, shared_gpu: bool = False) -> tuple[Node, list[P]]:
+    ranks = [P(11 + r, 10, torchrun_env(r, world), gpu=0 if shared_gpu else r, look=look, log=f"/job/log{r}",
+               dist_threads=["pt_nccl_watchdg"], wchar_per_s=80, **ON_CPU)  # type: ignore[arg-type]
+             for r in range(world)]
+    return Node([P(10, 1, cmdline=["torchrun", "serve.py"]), *ranks]), ranks
+
+
+def _log_steps(node: Node, ranks: list[P], seconds: int, line: str = "step\n", who: list[int] | None = None) -> None:
+    for _ in range(seconds):
+        for r in who if who is not None else range(len(ranks)):
+            node.write_log(f"/job/log{r}", line)
+        node.run(1)
+
+
+@pytest.mark.parametrize("world,shared", [(2, False), (4, True), (8, True)])
+def test_every_rank_in_its_collectives_while_each_progresses_is_busy(world: int, shared: bool) -> None:
+    node, ranks = _job(world, "spin", shared)
+    _log_steps(node, ranks, 30)
+    assert {node.state(p.pid) for p in ranks} == {"busy"}, [(p.pid, node.state(p.pid)) for p in ranks]
+    assert node.kinds() == []
+
+
+@pytest.mark.parametrize("world", [2, 8])
+def test_a_rank_that_stops_ends_it_and_is_the_culprit(world: int) -> None:
+    node, ranks = _job(world, "spin", shared_gpu=True)
+    _log_steps(node, ranks, 20)
+    stuck = ranks[-1]
+    stuck.state, stuck.wchan, stuck.cpu_ticks_per_s, stuck.wchar_per_s = "S", "futex_do_wait", 0, 0
+    node.stack(stuck.pid, [("threading.py", "wait"), ("serve.py", "main")])
+    node.run(20)
+    hangs = [i for i in node.an.incidents() if str(i.kind) in ("nccl_stall", "host_stall")]
+    assert len(hangs) == 1 and hangs[0].culprit_ranks == [world - 1], [(i.kind, i.culprit_ranks) for i in hangs]
+    assert {node.state(p.pid) for p in ranks} == {"hung"}
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+@pytest.mark.parametrize("named_by", ["stack", "log"])
+def test_a_job_capturing_cuda_graphs_is_graph_capture_on_every_rank(world: int, named_by: str) -> None:
+    node, ranks = _job(world, "work")
+    _log_steps(node, ranks, 10)
+    for _ in range(12):
+        if named_by == "stack":
+            node.stack(ranks[0].pid, CAPTURE)
+        else:
+            node.write_log("/job/log0", "Capturing batches (bs=64 avail_mem=60.1 GB):  40%|####      | 14/35\n")
+        node.run(1)
+    assert {node.state(p.pid) for p in ranks} == {"graph_capture"}, [(p.pid, node.state(p.pid)) for p in ranks]
+    # capture over: a stack of its model running, no capture line; the phase ends with its evidence
+    node.stack(ranks[0].pid, STEP)
+    _log_steps(node, ranks, 15)
+    assert {node.state(p.pid) for p in ranks} == {"busy"}, [(p.pid, node.state(p.pid)) for p in ranks]
+
+
+def test_capture_is_not_said_while_a_rank_is_out_of_it() -> None:
+    node, ranks = _job(4, "work")
+    _log_steps(node, ranks, 10)
+    stuck = ranks[2]
+    stuck.look, stuck.state, stuck.wchan, stuck.cpu_ticks_per_s, stuck.wchar_per_s = "idle", "S", "futex_do_wait", 0, 0
+    for p in ranks:
+        if p is not stuck:
+            p.look = "spin"
+    for _ in range(8):
+        node.stack(ranks[0].pid, CAPTURE)
+        node.run(1)
+    # rank 0's own stack shows it in the capture; the others show nothing of it, and one is out of it
+    assert "graph_capture" not in {node.state(p.pid) for p in ranks[1:]}, [(p.pid, node.state(p.pid)) for p in ranks]
