@@ -310,8 +310,12 @@ def record(c: dict[str, str], out: Path) -> dict[str, Any]:
     job.mkdir(parents=True)
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+    # no periodic flight-recorder dumps of a CUDA-graph capture: torch 2.11's dump queries the entries'
+    # CUDA events from its own thread, which a capture in the default (global) mode forbids, so the
+    # capture fails (cudaErrorStreamCaptureInvalidated) and the rank dies; hangd's own asking stays
+    fr_every = "0" if c["phase"] == "graph_capture" else "10"
     rec = subprocess.Popen([sys.executable, "-m", "hangd", "record", "--out", str(d), "--seconds", str(MAX_S + 30),
-                            "--hz", "4", "--stacks-every", "10", "--fr-every", "10"], cwd=ROOT, env=env,
+                            "--hz", "4", "--stacks-every", "10", "--fr-every", fr_every], cwd=ROOT, env=env,
                            stdout=open(job / "record.log", "w"), stderr=subprocess.STDOUT,
                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # it stops on SIGINT
     time.sleep(1.0)
@@ -347,10 +351,11 @@ def record(c: dict[str, str], out: Path) -> dict[str, Any]:
         if todo is None:
             continue
         # the driver's fault: some seconds into the culprit's phase (after its first phase line); into a
-        # warm-up or a capture, some seconds before its middle
+        # warm-up or a capture, some seconds before its middle (4 ranks capture every size in about 4 s
+        # on an H100, 8 in about 10: 4 s in was already the replay)
         ref = first_line(truth, cul, ("idle",) if c["phase"].startswith("serve_") else
                          ("graph_capture",) if c["phase"] == "graph_capture" else ("busy", "loading", "compiling"))
-        delay = 6.0 if todo == "request" else {"compile": 12.0, "warmup": 4.0, "graph_capture": 4.0}.get(c["phase"], 6.0)
+        delay = 6.0 if todo == "request" else {"compile": 12.0, "warmup": 4.0, "graph_capture": 1.5}.get(c["phase"], 6.0)
         if ref is None or time.time() < ref["t"] + delay:
             continue
         if todo == "request":
@@ -450,6 +455,10 @@ def finish_truth(truth: list[dict[str, Any]], actions: list[dict[str, Any]], gon
     that vanished (or became a zombie) is gone from then."""
     truth = sorted(truth, key=lambda x: x["t"])
     pid_rank = {x["pid"]: x["rank"] for x in truth}
+    # a rank that said it leaves but whose process lives on never left: blocked in its teardown (seen:
+    # NCCL's destroy_process_group never returning after a graph capture); the job hangs from then
+    truth = [dict(x, state="hung", phase="hung:exit_blocked_in_teardown", job_hung=True)
+             if x["phase"] == "exited_early" and x["pid"] not in gone else x for x in truth]
     hung_at: float | None = None
     why = ""
     for x in truth:
