@@ -122,6 +122,15 @@ def classify(s: ProcSignals, ctx: Context, th: Thresholds) -> Reading:
             "its log says it compiles" if "compiling" in s.log_kinds else \
             "its log said it compiles, and it has been on the CPU since"
         return Reading(Local.COMPILING, why)
+    if not g.spins(th) and v.kind not in stackcat.SLEEPING_KINDS and sends_steadily(s, th) and \
+            (v.kind == "collective" or (s.wakes_per_s or 0) >= th.wake_per_s):
+        # in its collectives (its stack says so, or its main thread wakes many times a second as each
+        # completes), sending their bytes through its write calls at a transport's rate in most
+        # seconds of the window (gloo, NCCL over sockets): back-to-back collectives at work, however
+        # many ranks share the CPU. (Bytes read alone may be a file's: a rank its peers wait for,
+        # reading, is no rank in their collective.)
+        return Reading(Local.BUSY, f"its collectives move {max(s.in_long_per_s or 0, s.out_long_per_s or 0) / 1e6:.1f} "
+                                   f"MB/s through its sockets (on {s.cpu_cores or 0:.2f} cores)")
     if v.kind in WAIT_VERDICTS:
         return Reading(Local.WAITING, f"its stack is {v.why}: {v.frame}")
     if v.kind == "backward" and s.state in ("S", "D") and (s.cpu_cores or 0) < th.cpu_active_cores:
@@ -203,6 +212,14 @@ def over_sockets(s: ProcSignals, th: Thresholds) -> bool:
         counter in ("rchar", "wchar") and th.socket_char_per_s <= (rate or 0) < th.load_read_per_s and active >= steady
         for rate, active, counter in ((s.in_long_per_s, s.in_active_s, s.in_counter),
                                       (s.out_long_per_s, s.out_active_s, s.out_counter)))
+
+
+def sends_steadily(s: ProcSignals, th: Thresholds) -> bool:
+    """Bytes out through its write calls (``wchar`` beyond the disk's ``write_bytes``) at a
+    transport's rate over the I/O window, in half its seconds or more, and under a writer's rate
+    now: a collective's data going out, step after step."""
+    return s.out_counter == "wchar" and th.socket_char_per_s <= (s.out_long_per_s or 0) < th.load_read_per_s \
+        and s.out_active_s >= th.io_window_s / 2 and (s.wchar_per_s or 0) < th.load_read_per_s
 
 
 def paged_in(s: ProcSignals, th: Thresholds) -> bool:

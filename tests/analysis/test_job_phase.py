@@ -86,3 +86,43 @@ def test_capture_is_not_said_while_a_rank_is_out_of_it() -> None:
         node.run(1)
     # rank 0's own stack shows it in the capture; the others show nothing of it, and one is out of it
     assert "graph_capture" not in {node.state(p.pid) for p in ranks[1:]}, [(p.pid, node.state(p.pid)) for p in ranks]
+
+
+def _cpu_job(world: int) -> tuple[Node, list[P]]:
+    """``world`` gloo ranks on the CPU in back-to-back all-reduces, sharing two cores: a quarter of a
+    core each, asleep between chunks, sending 12 MB/s through their sockets, waking 60 times a second."""
+    ranks = [P(11 + r, 10, torchrun_env(r, world), dist_threads=["pt_gloo"], state="S", wchan="futex_do_wait",
+               cpu_ticks_per_s=25, wchar_per_s=12_000_000, vol_per_s=60) for r in range(world)]
+    return Node([P(10, 1, cmdline=["torchrun", "warmup.py"]), *ranks]), ranks
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_collectives_sending_their_bytes_steadily_are_work_at_any_size(world: int) -> None:
+    node, ranks = _cpu_job(world)
+    node.run(20)
+    assert {node.state(p.pid) for p in ranks} == {"busy"}, [(p.pid, node.state(p.pid)) for p in ranks]
+    assert node.kinds() == []
+
+
+def test_bytes_read_alone_are_no_collective() -> None:
+    """A rank reading a file through the page cache (rchar alone) while waking often is not taken
+    for a rank in its collectives."""
+    node, ranks = _cpu_job(2)
+    for p in ranks:
+        p.wchar_per_s, p.sock_per_s = 0, 3_000_000
+    node.run(20)
+    assert "busy" not in {node.state(p.pid) for p in ranks}, [(p.pid, node.state(p.pid)) for p in ranks]
+
+
+def test_when_the_bytes_stop_the_wait_is_a_wait() -> None:
+    node, ranks = _cpu_job(4)
+    node.run(15)
+    stuck = ranks[-1]
+    stuck.cpu_ticks_per_s = stuck.wchar_per_s = stuck.vol_per_s = 0
+    node.stack(stuck.pid, [("threading.py", "wait"), ("warmup.py", "main")])
+    for p in ranks[:-1]:
+        p.wchar_per_s, p.vol_per_s, p.cpu_ticks_per_s = 0, 0, 0
+        node.stack(p.pid, [("torch/distributed/distributed_c10d.py", "all_reduce"), ("warmup.py", "main")])
+    node.run(30)
+    hangs = [i for i in node.an.incidents() if str(i.kind) in ("nccl_stall", "host_stall")]
+    assert len(hangs) == 1 and hangs[0].culprit_ranks == [3], [(i.kind, i.culprit_ranks) for i in hangs]
