@@ -52,9 +52,12 @@ def ask_for_evidence(an: Analyzer, jv: JobView) -> None:
         tr.native_asked = True
         an.requests.stacks.extend((p, True) for p in live)
         an.requests.ras = True
+        if capturing(an, jv):
+            return  # no dump while a capture may be open: see capturing()
         if tr.fr_asked is None or t - tr.fr_asked > th.fr_rerequest_s:
             tr.fr_asked = t
             an.requests.fr_dumps.extend(live)
+            tell_ranks(an, jv)
 
 
 def busy_phase_stacks(an: Analyzer, jv: JobView) -> None:
@@ -77,13 +80,50 @@ def probe_collectives(an: Analyzer, jv: JobView) -> None:
     dumps are asked for every ``fr_probe_s`` while it is so (a dump does not stop the job)."""
     tr, t = jv.track, jv.t
     waiting = [p for p in jv.waiting if p in jv.live]
-    if tr.hung or not waiting or len(waiting) == len(jv.live):
+    if tr.hung or not waiting or len(waiting) == len(jv.live) or capturing(an, jv):
         return
     if any(jv.readings[p].local not in (Local.SPINNING, Local.WAITING, Local.QUIET, Local.SERVING) for p in jv.live):
         return  # a rank works (or loads, compiles, is stopped): the waits are for it
     if tr.fr_probed is None or t - tr.fr_probed >= an.th.fr_probe_s:
         tr.fr_probed = t
         an.requests.fr_probes.extend(jv.live)
+        tell_ranks(an, jv)
+
+
+# How a rank's number was known, on evidence of the process itself (identity._rank_of); start
+# order and GPU index are guesses, and a dump asked under a guessed rank would be another's
+KNOWN_RANK_SOURCES = ("process title or command line", "[rankN] prefix in its log", "flight-recorder dump")
+
+
+def tell_ranks(an: Analyzer, jv: JobView) -> None:
+    """The ranks of the job known on evidence go with the dumps asked of them: the sources find a
+    rank's dump pipe and files by its rank, which a server's schedulers have only as an argument."""
+    job = jv.job
+    an.requests.ranks.update({p: job.ranks[p] for p in jv.live
+                              if p in job.ranks and job.rank_source.get(p) in KNOWN_RANK_SOURCES})
+
+
+def capturing(an: Analyzer, jv: JobView) -> bool:
+    """A rank of the job may be capturing CUDA graphs: one reads so, its newest stack shows the
+    capture (however old: ranks stuck in a capture's barrier stay in it), or the newest phase its
+    own log named is the capture, within ``job_phase_s`` or with nothing of the job progressing
+    since (a job hung in its capture). No flight-recorder dump is asked for then: the dump
+    thread queries CUDA events, which a capture in the default (global) mode forbids, and the
+    capture fails with ``cudaErrorStreamCaptureInvalidated``, killing the rank (seen on an H100
+    with torch 2.11). A dump is evidence; the job comes first."""
+    th, t = an.th, jv.t
+    _, strong = an.progress.job_last(jv.live)
+    for p in jv.live:
+        tp = an._track(p)
+        if jv.readings[p].local == Local.GRAPH_CAPTURE or "graph_capture" in jv.sigs[p].log_kinds:
+            return True
+        if tp.verdict.kind == "graph_capture":
+            return True
+        phase = jv.sigs[p].log_phase
+        if phase is not None and phase[0] == "graph_capture" and (
+                t - phase[1] <= th.job_phase_s or strong is None or strong <= phase[1] + th.window_s):
+            return True
+    return False
 
 
 def unexplained_cpu(an: Analyzer, jv: JobView, pid: int) -> bool:

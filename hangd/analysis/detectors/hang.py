@@ -144,6 +144,9 @@ def step(env: Env, jv: JobView, blocked_by_exit: bool) -> None:
                 env.book.resolve(inc, jv.t, "the job's processes are gone")
     elif kind is not None:
         tr.hung, tr.hung_at, tr.waiters = True, jv.t, set()
+        # when each rank stopped progressing, as of the hang: what a rank logs or writes while it
+        # hangs (a watchdog's lines, a dump) moves its progress, not when the stall began
+        tr.stopped_at = {p: x for p in jv.job.pids if (x := env.progress.of(p).last) is not None}
     if not tr.hung:
         return
     if kind is None and inc is not None:
@@ -403,7 +406,8 @@ def fill(env: Env, jv: JobView, inc: object) -> None:
         parts.insert(0, "Probable cause, from " + report.quote_exception(exc[-1]))
     inc.evidence = report.evidence(env.view, env.tracks, job, jv.sigs, jv.quiet)
     stalled = inc.hang_started_at if inc.hang_started_at is not None else jv.last_progress
-    hw_parts, hw_ev = hardware.hang(env.view, jv, stalled, {p: env.progress.of(p).last or stalled for p in job.pids})
+    hw_parts, hw_ev = hardware.hang(env.view, jv, stalled, {p: tr.stopped_at.get(p) or env.progress.of(p).last or stalled
+                                                            for p in job.pids})
     parts[:0] = hw_parts  # the hardware's word on the GPU first: it outranks what the ranks do
     if hw_ev:
         inc.evidence["hardware"] = hw_ev
