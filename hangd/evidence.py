@@ -25,6 +25,9 @@ class Requests:
     # pipe only, and nothing said of the others
     fr_probes: list[int] = field(default_factory=list)
     ras: bool = False  # ask NCCL's RAS thread for its view
+    # pid -> rank, of the ranks dumps are asked of whose rank the analysis knows on evidence (an
+    # argument, a log prefix) and their environment does not say: their pipe and files are named by it
+    ranks: dict[int, int] = field(default_factory=dict)
 
 
 _LAUNCHED = re.compile(r"Rank (\d+) has launched up to operation (\d+) -- GPU (\d+) managed by process (\d+)")

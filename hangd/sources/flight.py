@@ -38,6 +38,11 @@ def dump_prefixes(env: dict[str, str]) -> list[str]:
     ]
 
 
+# What sets up a process's flight recorder: its dump files, its dump pipe, its buffer.
+FR_KEYS = ("TORCH_NCCL_DEBUG_INFO_PIPE_FILE", "TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
+           "TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+
+
 def pipe_path(env: dict[str, str], rank: int) -> str | None:
     stem = env.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE")
     return f"{stem}{rank}.pipe" if stem else None
@@ -70,6 +75,7 @@ class FlightSource:
     _ranks: dict[int, _Rank] = field(default_factory=dict)
     _seen: dict[str, tuple[int, int]] = field(default_factory=dict)
     _defaults_at: float = 0.0
+    _unranked: dict[int, dict[str, str]] = field(default_factory=dict)  # pid -> env, flight recorder set up, no RANK
 
     def _in_root(self, pid: int, path: str) -> str:
         inside = os.path.join(self.proc_root, str(pid), "root") + path
@@ -79,10 +85,24 @@ class FlightSource:
         env = info.environ or {}
         rank_s = env.get("RANK")
         if rank_s is None or not rank_s.isdigit():
+            if any(env.get(k) for k in FR_KEYS):
+                self._unranked[info.pid] = env  # its rank may come from the analysis (``teach``)
             return
-        rank = int(rank_s)
+        self._add(info.pid, int(rank_s), env)
+
+    def _add(self, pid: int, rank: int, env: dict[str, str]) -> None:
         explicit = bool(env.get("TORCH_FR_DUMP_TEMP_FILE") or env.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE"))
-        self._ranks[info.pid] = _Rank(info.pid, rank, dump_prefixes(env), pipe_path(env, rank), explicit=explicit)
+        self._ranks[pid] = _Rank(pid, rank, dump_prefixes(env), pipe_path(env, rank), explicit=explicit)
+
+    def teach(self, ranks: dict[int, int]) -> None:
+        """Ranks the analysis knows of processes whose environment has no RANK but sets up the
+        flight recorder: a server's schedulers started with their rank as an argument
+        (``sglang::scheduler_TP3``), whose dump pipe and files are named by that rank. Only ranks
+        known on evidence (an argument, a log prefix) are taught, never a guess by start order."""
+        for pid, rank in ranks.items():
+            env = self._unranked.pop(pid, None)
+            if env is not None and pid not in self._ranks:
+                self._add(pid, rank, env)
 
     def locations(self) -> dict[int, dict[str, object]]:
         """pid -> where its dumps and pipe are (for the API and evidence)."""
@@ -121,6 +141,8 @@ class FlightSource:
         # a while after it is gone (through the path as hangd sees it, the process's root is gone).
         now = time.monotonic()
         for p in snap.procs:
+            if p.gone:
+                self._unranked.pop(p.pid, None)
             if p.gone and p.pid in self._ranks and self._ranks[p.pid].gone_at is None:
                 self._ranks[p.pid].gone_at = now
         for pid in [pid for pid, r in self._ranks.items() if r.gone_at is not None and now - r.gone_at > GONE_GRACE_S]:

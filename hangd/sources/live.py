@@ -53,6 +53,7 @@ class LiveNode:
         return decode_evidence(snap)
 
     def request(self, req: Requests) -> None:
+        self.flight.teach(req.ranks)
         self._pending.extend(req.stacks)
         self._pending_fr.extend(req.fr_dumps)
         self._pending_fr.extend(p for p in req.fr_probes if self.flight.has_pipe(p))
