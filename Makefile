@@ -77,6 +77,7 @@ bench: $(VENV)/.test-installed
 	$(BIN)/python -m benchmarks.overhead
 	$(BIN)/python -m benchmarks.api
 	$(BIN)/python -m benchmarks.procread
+	$(BIN)/python -m benchmarks.busy_stacks
 
 # The job matrix (scripts/matrix.py): record every cell again into tests/data/traces/matrix-cpu (about 45 min
 # on two cores; MATRIX_ARGS="--only NAME,..." for some), and score the recorded cells, tune and check sets apart.
