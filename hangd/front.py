@@ -223,6 +223,12 @@ class Front:
         with self._lock:
             return self.analyzer.job_pids()
 
+    def dumpable_pids(self) -> list[int]:
+        """The job pids a flight-recorder dump may be asked of: none of a job that may be
+        capturing CUDA graphs (a dump kills a capturing rank: analysis.asks.capturing)."""
+        with self._lock:
+            return self.analyzer.dumpable_pids()
+
     def spanning_jobs(self) -> set[str]:
         with self._lock:
             return self.analyzer.spanning_jobs()

@@ -44,7 +44,7 @@ def record(settings: Settings, out: str, seconds: float, hz: float, stacks_every
         if fr_every > 0 and time.monotonic() - last["fr"] >= fr_every:
             # ask every rank with a dump pipe for a flight-recorder dump: catches silent mismatches
             last["fr"] = time.monotonic()
-            node.request_fr_dumps(p for p in front.job_pids() if node.flight.has_pipe(p))
+            node.request_fr_dumps(p for p in front.dumpable_pids() if node.flight.has_pipe(p))
 
     with TraceWriter(out, meta) as w:
         loop.before_step = written

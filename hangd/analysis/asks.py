@@ -35,11 +35,15 @@ def ask_for_evidence(an: Analyzer, jv: JobView) -> None:
             tp.cpu_stack_asked = t
             tp.cpu_stacks_unnamed += not tp.verdict.known and tp.verdict_t is not None
             an.requests.stacks.append((p, False))
+    if capturing(an, jv):
+        an.capturing_jobs.add(jv.job.id)
+    else:
+        an.capturing_jobs.discard(jv.job.id)
     busy_phase_stacks(an, jv)
     probe_collectives(an, jv)
     if jv.quiet < th.stack_quiet_s:
         tr.stacks_asked = []
-        tr.native_asked = False
+        tr.native_asked = tr.fr_hang_asked = False
         return
     if all(jv.readings[p].local == Local.BUSY for p in live):
         return
@@ -52,8 +56,10 @@ def ask_for_evidence(an: Analyzer, jv: JobView) -> None:
         tr.native_asked = True
         an.requests.stacks.extend((p, True) for p in live)
         an.requests.ras = True
-        if capturing(an, jv):
-            return  # no dump while a capture may be open: see capturing()
+    # no dump while a capture may be open (see capturing()); asked at a later tick of the hang once
+    # nothing says so any more
+    if tr.hung and not tr.fr_hang_asked and jv.job.id not in an.capturing_jobs:
+        tr.fr_hang_asked = True
         if tr.fr_asked is None or t - tr.fr_asked > th.fr_rerequest_s:
             tr.fr_asked = t
             an.requests.fr_dumps.extend(live)
@@ -80,8 +86,10 @@ def probe_collectives(an: Analyzer, jv: JobView) -> None:
     dumps are asked for every ``fr_probe_s`` while it is so (a dump does not stop the job)."""
     tr, t = jv.track, jv.t
     waiting = [p for p in jv.waiting if p in jv.live]
-    if tr.hung or not waiting or len(waiting) == len(jv.live) or capturing(an, jv):
+    if tr.hung or not waiting or len(waiting) == len(jv.live) or jv.job.id in an.capturing_jobs:
         return
+    if any(not an._track(p).started for p in jv.live):
+        return  # still starting: a server captures its CUDA graphs then, and the capture may begin any moment
     if any(jv.readings[p].local not in (Local.SPINNING, Local.WAITING, Local.QUIET, Local.SERVING) for p in jv.live):
         return  # a rank works (or loads, compiles, is stopped): the waits are for it
     if tr.fr_probed is None or t - tr.fr_probed >= an.th.fr_probe_s:

@@ -70,6 +70,7 @@ class Analyzer:
         self.changes: deque[StateChange] = deque(maxlen=self.th.max_changes_in_memory)
         self.findings: deque[dict[str, Any]] = deque(maxlen=self.th.max_findings_in_memory)
         self.requests = Requests()
+        self.capturing_jobs: set[str] = set()  # jobs that may be capturing CUDA graphs (asks.capturing): no dumps
         self.signals: dict[int, ProcSignals] = {}
         self.dropped: dict[str, int] = {"changes": 0, "findings": 0, "processes": 0, "jobs": 0}
         self.unreadable = 0  # evidence files (flight-recorder dumps) that could not be decoded
@@ -175,6 +176,10 @@ class Analyzer:
 
     def job_pids(self) -> list[int]:
         return [p for j in self.job_defs.values() for p in j.pids]
+
+    def dumpable_pids(self) -> list[int]:
+        """``job_pids`` less those of jobs that may be capturing CUDA graphs at the last tick."""
+        return [p for j in self.job_defs.values() if j.id not in self.capturing_jobs for p in j.pids]
 
     def processes(self) -> list[dict[str, Any]]:
         out = []

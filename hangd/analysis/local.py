@@ -123,9 +123,10 @@ def classify(s: ProcSignals, ctx: Context, th: Thresholds) -> Reading:
             "its log said it compiles, and it has been on the CPU since"
         return Reading(Local.COMPILING, why)
     if not g.spins(th) and v.kind not in stackcat.SLEEPING_KINDS and sends_steadily(s, th) and \
-            (v.kind == "collective" or (s.wakes_per_s or 0) >= th.wake_per_s):
-        # in its collectives (its stack says so, or its main thread wakes many times a second as each
-        # completes), sending their bytes through its write calls at a transport's rate in most
+            (s.wakes_per_s or 0) >= th.wake_per_s:
+        # its collectives completing (its main thread wakes many times a second as each does; a
+        # thread streaming while the main thread hangs in one would not wake it), sending their
+        # bytes through its write calls at a transport's rate in most
         # seconds of the window (gloo, NCCL over sockets): back-to-back collectives at work, however
         # many ranks share the CPU. (Bytes read alone may be a file's: a rank its peers wait for,
         # reading, is no rank in their collective.)

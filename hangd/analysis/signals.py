@@ -319,7 +319,7 @@ def _gpu_window(view: NodeView, index: int, t: float, th: Thresholds
     """What GPU ``index`` says over the window at ``t``, the same for every process on it: its
     readings, their signals, its last reading of work, whether a process hangd cannot see uses it,
     whether it is shared. Worked out once a snapshot per GPU (``NodeView.per_tick``)."""
-    key = ("gpu", index, t)
+    key = ("gpu", index, t, id(th))
     hit = view.per_tick.get(key)
     if hit is not None:
         return hit  # type: ignore[return-value]

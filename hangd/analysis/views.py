@@ -79,6 +79,7 @@ class JobTrack:
     fr_asked: float | None = None
     fr_probed: float | None = None  # dumps last asked for whether its collectives still complete
     stopped_at: dict[int, float] = field(default_factory=dict)  # pid -> its last progress when the job was judged hung
+    fr_hang_asked: bool = False  # the dumps of this hang were asked for (asks.ask_for_evidence)
     busy_stack_at: float | None = None  # when a busy rank's stack was last asked for (asks.busy_phase_stacks)
     busy_stack_turn: int = 0  # whose turn it was
     episode: frozenset[int] | None = None

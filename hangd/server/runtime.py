@@ -238,7 +238,8 @@ class Daemon:
             return {"accepted": False, "why": "hangd runs a replay: there is no live node to capture"}
         pids = self.front.job_pids()
         self.node.dump_stacks(pids)
-        self.node.request_fr_dumps(p for p in pids if self.node.flight.has_pipe(p))
+        # none of a job that may be capturing CUDA graphs: the dump would kill the capturing rank
+        self.node.request_fr_dumps(p for p in self.front.dumpable_pids() if self.node.flight.has_pipe(p))
         return {"accepted": True, "pids": pids, "note": "stacks (py-spy, non-blocking) and flight-recorder dumps are "
                 "captured on the next tick and attached to the processes' evidence"}
 

@@ -38,6 +38,7 @@ def dump_prefixes(env: dict[str, str]) -> list[str]:
     ]
 
 
+MAX_UNRANKED = 1024  # processes kept whose rank may come from the analysis (FlightSource.teach)
 # What sets up a process's flight recorder: its dump files, its dump pipe, its buffer.
 FR_KEYS = ("TORCH_NCCL_DEBUG_INFO_PIPE_FILE", "TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
            "TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
@@ -82,6 +83,7 @@ class FlightSource:
         return inside if os.path.lexists(inside) else path
 
     def learn(self, info: ProcInfo) -> None:
+        self._unranked.pop(info.pid, None)  # a pid reused: what was kept of the one before goes
         env = info.environ or {}
         rank_s = env.get("RANK")
         if rank_s is None or not rank_s.isdigit():
@@ -100,9 +102,9 @@ class FlightSource:
         (``sglang::scheduler_TP3``), whose dump pipe and files are named by that rank. Only ranks
         known on evidence (an argument, a log prefix) are taught, never a guess by start order."""
         for pid, rank in ranks.items():
-            env = self._unranked.pop(pid, None)
-            if env is not None and pid not in self._ranks:
-                self._add(pid, rank, env)
+            env = self._unranked.get(pid)
+            if env is not None and (pid not in self._ranks or self._ranks[pid].rank != rank):
+                self._add(pid, rank, env)  # again when the analysis learned better (a log prefix)
 
     def locations(self) -> dict[int, dict[str, object]]:
         """pid -> where its dumps and pipe are (for the API and evidence)."""
@@ -140,6 +142,9 @@ class FlightSource:
         # PyTorch's watchdog dumps and then aborts the process: keep looking for a rank's dump for
         # a while after it is gone (through the path as hangd sees it, the process's root is gone).
         now = time.monotonic()
+        if len(self._unranked) > MAX_UNRANKED:  # pids that left unseen (no "gone" reading): the oldest go
+            for pid in list(self._unranked)[: len(self._unranked) - MAX_UNRANKED]:
+                del self._unranked[pid]
         for p in snap.procs:
             if p.gone:
                 self._unranked.pop(p.pid, None)

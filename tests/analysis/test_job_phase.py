@@ -126,3 +126,16 @@ def test_when_the_bytes_stop_the_wait_is_a_wait() -> None:
     node.run(30)
     hangs = [i for i in node.an.incidents() if str(i.kind) in ("nccl_stall", "host_stall")]
     assert len(hangs) == 1 and hangs[0].culprit_ranks == [3], [(i.kind, i.culprit_ranks) for i in hangs]
+
+
+def test_a_thread_streaming_while_the_main_thread_hangs_in_a_collective_is_no_work() -> None:
+    """Every rank blocked in an all-reduce for good (its stack says so, its main thread never wakes)
+    while a thread of its own streams 5 MB/s to a socket or /dev/shm: the bytes are not its
+    collectives completing, and the hang opens."""
+    node, ranks = _cpu_job(4)
+    node.run(10)
+    for p in ranks:
+        p.vol_per_s, p.cpu_ticks_per_s, p.wchar_per_s = 0, 2, 5_000_000
+        node.stack(p.pid, [("torch/distributed/distributed_c10d.py", "all_reduce"), ("warmup.py", "main")])
+    node.run(40)
+    assert any(k in ("nccl_stall", "host_stall") for k in node.kinds()), node.kinds()

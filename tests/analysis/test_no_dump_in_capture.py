@@ -97,3 +97,39 @@ def test_dumps_of_ranks_known_by_their_argument_carry_their_rank(title: str) -> 
     told = {pid: r for req in asked for pid, r in req.ranks.items()}
     assert any(req.fr_dumps for req in asked), node.kinds()
     assert told == {p.pid: r for r, p in enumerate(ranks)}, told
+
+
+def _capturing_job(world: int) -> tuple[Node, list[P], list[Requests]]:
+    ranks = [P(11 + r, 10, torchrun_env(r, world), gpu=r, look="work", log=f"/job/log{r}",
+               dist_threads=["pt_nccl_watchdg"], wchar_per_s=80, **ON_CPU)  # type: ignore[arg-type]
+             for r in range(world)]
+    node = Node([P(10, 1, cmdline=["python", "-m", "sglang.launch_server"]), *ranks])
+    asked = _recording(node)
+    for _ in range(10):
+        for r in range(world):
+            node.write_log(f"/job/log{r}", "step\n")
+        node.run(1)
+    return node, ranks, asked
+
+
+def test_an_operator_snapshot_dumps_no_rank_of_a_capturing_job() -> None:
+    """What the snapshot API and `hangd record --fr-every` may dump: not a job that captures."""
+    node, ranks, _ = _capturing_job(4)
+    assert sorted(node.an.dumpable_pids()) == [p.pid for p in ranks]
+    for _ in range(3):
+        node.stack(ranks[0].pid, CAPTURE)
+        node.run(1)
+    assert node.an.dumpable_pids() == []
+
+
+def test_a_hang_first_seen_in_a_capture_is_dumped_once_its_stacks_show_it_out_of_it() -> None:
+    node, ranks, asked = _capturing_job(2)
+    ranks[1].look, ranks[1].state, ranks[1].cpu_ticks_per_s, ranks[1].wchar_per_s = "idle", "S", 0, 0
+    ranks[0].look, ranks[0].wchar_per_s = "spin", 0
+    node.stack(ranks[1].pid, CAPTURE)  # the culprit stopped inside the capture
+    node.run(20)
+    assert node.kinds() and not any(r.fr_dumps for r in asked), node.kinds()
+    # its newest stack shows no capture: a wait of its own
+    node.stack(ranks[1].pid, [("threading.py", "wait"), ("train.py", "main")])
+    node.run(3)
+    assert any(r.fr_dumps for r in asked)
