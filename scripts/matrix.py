@@ -180,8 +180,16 @@ def wide_cells(gpu: bool, seed: int = SEED) -> list[dict[str, str]]:
     rng = random.Random(seed + 2)
     rng.shuffle(allc)
 
+    return sorted(cover(allc, keys, {("launcher", "fault")}), key=name_of)
+
+
+def cover(allc: list[dict[str, str]], keys: tuple[str, ...] | list[str],
+          unpaired: set[tuple[str, str]]) -> list[dict[str, str]]:
+    """Greedy: the cell of ``allc`` holding the most pairs of axis values not yet covered, until every
+    pair some cell holds is (pairs of the axes in ``unpaired`` aside); the cells chosen leave ``allc``."""
+
     def pairs(c: dict[str, str]) -> set[tuple[str, str, str, str]]:
-        return {(a, c[a], b, c[b]) for a, b in itertools.combinations(keys, 2) if (a, b) != ("launcher", "fault")}
+        return {(a, c[a], b, c[b]) for a, b in itertools.combinations(keys, 2) if (a, b) not in unpaired}
 
     todo = set().union(*(pairs(c) for c in allc))
     chosen: list[dict[str, str]] = []
@@ -190,7 +198,7 @@ def wide_cells(gpu: bool, seed: int = SEED) -> list[dict[str, str]]:
         chosen.append(best)
         todo -= pairs(best)
         allc.remove(best)
-    return sorted(chosen, key=name_of)
+    return chosen
 
 
 def cells(n: int = 64, seed: int = SEED) -> list[dict[str, str]]:
@@ -201,16 +209,7 @@ def cells(n: int = 64, seed: int = SEED) -> list[dict[str, str]]:
     rng = random.Random(seed)
     rng.shuffle(allc)
 
-    def pairs(c: dict[str, str]) -> set[tuple[str, str, str, str]]:
-        return {(a, c[a], b, c[b]) for a, b in itertools.combinations(keys, 2) if (a, b) not in UNPAIRED}
-
-    todo = set().union(*(pairs(c) for c in allc))
-    chosen: list[dict[str, str]] = []
-    while todo:
-        best = max(allc, key=lambda c: len(pairs(c) & todo))
-        chosen.append(best)
-        todo -= pairs(best)
-        allc.remove(best)
+    chosen = cover(allc, keys, UNPAIRED)
     rest = [c for c in allc]
     rng.shuffle(rest)
     chosen += rest[: max(0, n - len(chosen))]

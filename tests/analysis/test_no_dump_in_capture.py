@@ -29,9 +29,7 @@ def _recording(node: Node) -> list[Requests]:
     return asked
 
 
-@pytest.mark.parametrize("world", [2, 4, 8])
-@pytest.mark.parametrize("seen_in", ["stack", "log"])
-def test_a_job_stuck_in_graph_capture_gets_no_dump_request(world: int, seen_in: str) -> None:
+def _capturing_job(world: int) -> tuple[Node, list[P], list[Requests]]:
     ranks = [P(11 + r, 10, torchrun_env(r, world), gpu=r, look="work", log=f"/job/log{r}",
                dist_threads=["pt_nccl_watchdg"], wchar_per_s=80, **ON_CPU)  # type: ignore[arg-type]
              for r in range(world)]
@@ -41,6 +39,13 @@ def test_a_job_stuck_in_graph_capture_gets_no_dump_request(world: int, seen_in: 
         for r in range(world):
             node.write_log(f"/job/log{r}", "step\n")
         node.run(1)
+    return node, ranks, asked
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+@pytest.mark.parametrize("seen_in", ["stack", "log"])
+def test_a_job_stuck_in_graph_capture_gets_no_dump_request(world: int, seen_in: str) -> None:
+    node, ranks, asked = _capturing_job(world)
     # capture begins; the last rank blocks in it, the others wait in the capture's barrier, spinning
     for p in ranks:
         if seen_in == "stack":
@@ -97,19 +102,6 @@ def test_dumps_of_ranks_known_by_their_argument_carry_their_rank(title: str) -> 
     told = {pid: r for req in asked for pid, r in req.ranks.items()}
     assert any(req.fr_dumps for req in asked), node.kinds()
     assert told == {p.pid: r for r, p in enumerate(ranks)}, told
-
-
-def _capturing_job(world: int) -> tuple[Node, list[P], list[Requests]]:
-    ranks = [P(11 + r, 10, torchrun_env(r, world), gpu=r, look="work", log=f"/job/log{r}",
-               dist_threads=["pt_nccl_watchdg"], wchar_per_s=80, **ON_CPU)  # type: ignore[arg-type]
-             for r in range(world)]
-    node = Node([P(10, 1, cmdline=["python", "-m", "sglang.launch_server"]), *ranks])
-    asked = _recording(node)
-    for _ in range(10):
-        for r in range(world):
-            node.write_log(f"/job/log{r}", "step\n")
-        node.run(1)
-    return node, ranks, asked
 
 
 def test_an_operator_snapshot_dumps_no_rank_of_a_capturing_job() -> None:
