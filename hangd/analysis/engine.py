@@ -5,7 +5,8 @@ their own modules:
 
     identity   which processes form which job, and each one's rank
     progress   which signal moved, and whose it is
-    local      what each process does on its own (a pure function)
+    facts      what each record of evidence says (pure functions, one module a family)
+    rankstate  the reading and the state: tables of those facts
     detectors  one module per incident family
     report     the evidence a person reads
 
@@ -25,15 +26,16 @@ from hangd.analysis import (
     frjobs,
     gather,
     hardware,
-    local,
     otherend,
     rankstate,
     report,
     stackcat,
 )
 from hangd.analysis.detectors import Env, exits, hang, orphan, straggler
+from hangd.analysis.facts import Context
+from hangd.analysis.facts import stack as stack_facts
+from hangd.analysis.facts.waits import REQUEST_WCHANS
 from hangd.analysis.identity import Job, group_jobs
-from hangd.analysis.local import REQUEST_WCHANS, Context, classify
 from hangd.analysis.model import (
     LOCAL_TO_STATE,
     SEVERITY_ORDER,
@@ -45,6 +47,7 @@ from hangd.analysis.model import (
 )
 from hangd.analysis.nodeview import NodeView, ProcHistory
 from hangd.analysis.progress import ProgressBook
+from hangd.analysis.rankstate import classify
 from hangd.analysis.signals import GpuSignals, ProcSignals, proc_signals
 from hangd.analysis.thresholds import Thresholds
 from hangd.analysis.views import JobTrack, JobView, ProcTrack
@@ -333,12 +336,12 @@ class Analyzer:
             fresh = p.verdict_t is not None and t - p.verdict_t <= th.cpu_stack_every_s
             if fresh and p.verdict.kind in stackcat.COMPILE_KINDS and p.verdict_t is not None:
                 # a compile ends without a stack saying so: once nothing shows it going on (see
-                # local.compile_goes_on) the stack of the compile no longer describes it
-                fresh = t - p.verdict_t <= th.window_s or local.compile_goes_on(s, th)
+                # stack_facts.compile_goes_on) the stack of the compile no longer describes it
+                fresh = t - p.verdict_t <= th.window_s or stack_facts.compile_goes_on(s, th)
             if fresh and p.verdict.kind == "computing":
                 # a forward pass or a step goes on while its CPU or its GPU works: asleep with both
                 # still, the rank has moved on (into a wait no capture has shown yet)
-                fresh = local.computing_goes_on(s, th)
+                fresh = stack_facts.computing_goes_on(s, th)
         else:
             # a server's poll loop wakes at several wait points (its queue read's timeout, its
             # broadcast): on little CPU, its wait for requests holds wherever it is caught between

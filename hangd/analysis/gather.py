@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
-from hangd.analysis import local, otherend, rankstate, stackcat
+from hangd.analysis import otherend, rankstate, stackcat
 from hangd.analysis.detectors import hang, orphan
+from hangd.analysis.facts import io
 from hangd.analysis.model import Local, Reading, State
 from hangd.analysis.signals import ProcSignals
 from hangd.analysis.views import JobView, ProcTrack
@@ -260,9 +261,9 @@ def progress_record(an: Analyzer, pid: int, s: ProcSignals, t: float,
     put("gpu_work", bool(s.gpu_indexes) and g.util is not None, g.works(th), lambda: "its GPU works")
     put("cpu_own_code", s.cpu_cores is not None, (s.cpu_cores or 0) >= th.busy_cpu_cores,
         lambda: f"on CPU ({s.cpu_cores or 0:.1f} cores)")
-    put("read", s.in_long_per_s is not None, local.moves(s, th, "in"),
+    put("read", s.in_long_per_s is not None, io.moves(s, th, "in"),
         lambda: f"read {(s.in_long_per_s or 0) / 1e6:.0f} MB/s ({s.in_counter})")
-    put("write", s.out_long_per_s is not None, local.moves(s, th, "out"),
+    put("write", s.out_long_per_s is not None, io.moves(s, th, "out"),
         lambda: f"wrote {(s.out_long_per_s or 0) / 1e6:.0f} MB/s ({s.out_counter})")
     put("log", True, s.log_grew_at is not None and t - s.log_grew_at <= th.window_s, lambda: "wrote to its log")
     put("collectives", s.wakes_per_s is not None, an._last_wait(pid, s, t) == "collective"

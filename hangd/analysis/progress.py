@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from hangd.analysis import local
+from hangd.analysis.facts import io as io_facts
 from hangd.analysis.signals import ProcSignals
 from hangd.analysis.thresholds import GiB, Thresholds
 
@@ -114,7 +114,7 @@ class ProgressBook:
             # bytes moving one way, whichever counter moves: a loader reading from the page cache
             # raises rchar alone, a checkpoint writer wchar and write_bytes
             for direction, verb in (("in", "read"), ("out", "wrote")):
-                if local.moves(s, th, direction):
+                if io_facts.moves(s, th, direction):
                     rate = s.in_long_per_s if direction == "in" else s.out_long_per_s
                     counter = s.in_counter if direction == "in" else s.out_counter
                     # reads are credited when bytes last came in at a loader's rate, not at every tick
@@ -134,9 +134,9 @@ class ProgressBook:
                 self.credit(pid, t, "it moves data (read/write syscalls)", strong=False)
         else:
             p.chars_since = None
-        if local.socket_transport(s, th):
+        if io_facts.socket_transport(s, th):
             # ranks sharing a GPU talk over NCCL's sockets: their collectives' bytes moving while
-            # the kernels spin between the chunks keep a hang from being declared (local.classify
+            # the kernels spin between the chunks keep a hang from being declared (rankstate.classify
             # reads such a rank busy); once the bytes stop, the spin is a wait like any other
             self.credit(pid, t, "its collectives move data through its sockets", strong=False)
         if s.rss_change is not None and abs(s.rss_change) >= th.rss_change_bytes and not blocked:

@@ -765,7 +765,8 @@ def _verdict(kind: str):
 
 
 def _classified(verdict: str | None = None, recent: bool = False, **kw: object):
-    from hangd.analysis.local import Context, classify
+    from hangd.analysis.facts import Context
+    from hangd.analysis.rankstate import classify
     from hangd.analysis.thresholds import Thresholds
 
     s = _sigs(**{"state": "S", "gpu_indexes": [0], "gpu_mem": GiB, **kw})

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from hangd.analysis import stackcat
-from hangd.analysis.local import Context, classify
+from hangd.analysis.facts import Context
 from hangd.analysis.model import Local
+from hangd.analysis.rankstate import classify
 from hangd.analysis.signals import GpuSignals, ProcSignals
 from hangd.analysis.thresholds import Thresholds
 
@@ -146,7 +147,7 @@ STEPS = GpuSignals(util=11, sm=0.1, tensor=0, dram=0, nvlink_mibs=0, power_w=130
 
 
 def test_a_compile_ends_when_its_own_kernels_run_while_it_sleeps():
-    from hangd.analysis.local import compile_goes_on
+    from hangd.analysis.facts.stack import compile_goes_on
 
     stepping = sig(gpu=STEPS, wchan="hrtimer_nanosleep", cpu_cores=0.12)
     stepping.compile_children = 1  # inductor's pool importing torch in the background

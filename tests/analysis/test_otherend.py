@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 
 from hangd.analysis import otherend, stackcat
-from hangd.analysis.local import Context, classify
+from hangd.analysis.facts import Context
 from hangd.analysis.model import Local
 from hangd.analysis.nodeview import NodeView
+from hangd.analysis.rankstate import classify
 from hangd.snapshot import FdWait, ProcSample, Role, Snapshot
 
 from .builders import Node, P, torchrun_env

@@ -100,7 +100,7 @@ def _reader(mb_per_reading: list[int]):
 
 
 def test_a_throttled_reader_keeps_moving_through_its_sleeps():
-    from hangd.analysis import local
+    from hangd.analysis.facts import io as local
 
     s, th = _reader(SLOW_SHARDS)
     assert s.in_counter == "rchar" and s.in_quiet_s == 0.0
@@ -109,7 +109,7 @@ def test_a_throttled_reader_keeps_moving_through_its_sleeps():
 
 
 def test_reads_that_ended_longer_ago_than_the_readers_own_pauses_have_stopped():
-    from hangd.analysis import local
+    from hangd.analysis.facts import io as local
 
     s, th = _reader(LOADED_THEN_TRAINS)
     # the 6 s window still averages far above a loader's rate, but its last burst is 2.75 s old

@@ -13,7 +13,7 @@ from typing import Any
 
 from hangd.analysis import hardware, otherend, report, stackcat
 from hangd.analysis.detectors import Env
-from hangd.analysis.local import WAIT_VERDICTS
+from hangd.analysis.facts.stack import WAIT_VERDICTS
 from hangd.analysis.model import Local, Strength
 from hangd.analysis.thresholds import Thresholds
 from hangd.analysis.views import Culprit, JobTrack, JobView
