@@ -2,30 +2,45 @@
 
 from __future__ import annotations
 
-import re
+import importlib.util
+import inspect
 from dataclasses import replace
 
 import pytest
 
 from hangd.analysis.model import Local, State
-from hangd.analysis.rankstate import TABLE, Evidence, Moved, decide, progress_words
+from hangd.analysis.rankstate import READING, TABLE, Evidence, Moved, decide, progress_words
 
 from ..conftest import ROOT
 
+_spec = importlib.util.spec_from_file_location("analysis_doc", ROOT / "scripts" / "analysis_doc.py")
+assert _spec is not None and _spec.loader is not None
+analysis_doc = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(analysis_doc)
 
-def _doc_rows() -> list[tuple[str, str, str]]:
+
+@pytest.mark.parametrize("name", sorted(analysis_doc.TABLES))
+def test_the_documented_tables_are_generated_from_the_code(name: str) -> None:
+    documented = analysis_doc.documented((ROOT / "docs" / "analysis.md").read_text())[name]
+    assert documented is not None, f"docs/analysis.md has no markers for the {name} table"
+    assert documented == analysis_doc.TABLES[name](), \
+        f"docs/analysis.md's {name} table differs from the code's: run `python scripts/analysis_doc.py --write`"
+
+
+def test_a_changed_row_is_a_changed_document() -> None:
+    """The check can fail: a row moved in the code no longer matches the document."""
     text = (ROOT / "docs" / "analysis.md").read_text()
-    part = text.split("## The decision table", 1)[1].split("\n## ", 1)[0]
-    rows = []
-    for line in part.splitlines():
-        m = re.match(r"^\| (\d+) \| (\w+) \| (.+?) \| (\w+) \|$", line)
-        if m:
-            rows.append((m.group(2), m.group(3), m.group(4)))
-    return rows
+    assert analysis_doc.generated(text) == text
+    swapped = text.replace("| 1 | zombie |", "| 1 | stopped |", 1)
+    assert analysis_doc.generated(swapped) != swapped
 
 
-def test_the_documented_table_is_the_one_the_code_applies():
-    assert _doc_rows() == [(r.rule, r.when, str(r.state)) for r in TABLE]
+def test_every_fact_of_the_reading_table_is_a_documented_pure_function() -> None:
+    for row in READING:
+        for f in (*row.all, *row.any, *row.none):
+            assert f.__module__.startswith("hangd.analysis.facts."), f
+            assert (f.__doc__ or "").strip(), f"{f.__module__}.{f.__name__} says nothing in words"
+            assert list(inspect.signature(f).parameters) == ["r"], f
 
 
 BASE = Evidence(local=Local.BUSY, why="GPU working", started=True, previous=State.BUSY)
