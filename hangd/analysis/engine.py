@@ -34,7 +34,7 @@ from hangd.analysis import (
 from hangd.analysis.detectors import Env, exits, hang, orphan, straggler
 from hangd.analysis.facts import Context
 from hangd.analysis.facts import stack as stack_facts
-from hangd.analysis.facts.waits import REQUEST_WCHANS
+from hangd.analysis.facts.waits import REQUEST_WCHANS, same_wait_point
 from hangd.analysis.identity import Job, group_jobs
 from hangd.analysis.model import (
     LOCAL_TO_STATE,
@@ -86,7 +86,8 @@ class Analyzer:
         self._fr_out: dict[tuple[str, int], tuple[float, Any]] = {}
         self.node_name: str | None = None  # this node's name in a fleet (it names ranks "rank 3 on node-b")
         self.last_t = 0.0  # the time of the newest snapshot
-        self.env = Env(self.th, self.view, self.tracks, self.progress, self.book, node=lambda: self.node_name)
+        self.env = Env(self.th, self.view, self.tracks, self.progress, self.book, node=lambda: self.node_name,
+                       requests=self.requests, capturing_jobs=self.capturing_jobs)
         self.book.who_of = lambda job: j.who if (j := self.job_defs.get(job)) is not None else None
 
     # ------------------------------------------------------------------ public surface
@@ -126,6 +127,7 @@ class Analyzer:
 
     def take_requests(self) -> Requests:
         r, self.requests = self.requests, Requests()
+        self.env.requests = self.requests
         return r
 
     def take_fr_dumps(self) -> dict[tuple[str, int], tuple[float, Any]]:
@@ -279,10 +281,7 @@ class Analyzer:
     # ------------------------------------------------------------------ evidence arriving
 
     def _track(self, pid: int) -> ProcTrack:
-        p = self.tracks.get(pid)
-        if p is None:
-            p = self.tracks[pid] = ProcTrack()
-        return p
+        return self.env.track(pid)
 
     def _stack_arrived(self, pid: int, t: float) -> None:
         h = self.view.procs[pid]
@@ -347,7 +346,7 @@ class Analyzer:
             # broadcast): on little CPU, its wait for requests holds wherever it is caught between
             fresh = p.verdict_t is not None and t - p.verdict_t <= th.verdict_fresh_s and \
                 (pr.last_strong is None or pr.last_strong <= p.verdict_t + th.window_s) and \
-                (_polls(p, s, th) or _same_wait_point(p.verdict_wchan, s, th)) and \
+                (_polls(p, s, th) or same_wait_point(p.verdict_wchan, s, th)) and \
                 not _ran_since(p, s, t, th)
         p.other_end = otherend.other_end(self.view, pid)  # once a tick: gather reads it off the track
         # a stack in its own code (none of the compiler's frames) taken after its last compiling one
@@ -359,13 +358,7 @@ class Analyzer:
                        exception_as_it_stopped=exception_as_it_stopped)
 
     def _last_wait(self, pid: int, s: ProcSignals, t: float) -> str | None:
-        """The kind of wait its last stack showed, while it stays at the same kernel wait point."""
-        p = self._track(pid)
-        if p.verdict_t is None or t - p.verdict_t > self.th.verdict_known_s:
-            return None
-        if not _same_wait_point(p.verdict_wchan, s, self.th):
-            return None
-        return p.verdict.kind
+        return self.env.last_wait(pid, s, t)
 
     def _evaluate(self, t: float) -> list[StateChange]:
         out: list[StateChange] = []
@@ -418,7 +411,7 @@ class Analyzer:
             remote_last = max((r.last_progress for r in jv.remote_fresh if r.last_progress is not None), default=None)
             if remote_last is not None and remote_last > jv.last_progress:
                 jv.last_progress, jv.quiet = remote_last, max(0.0, t - remote_last)
-        gather.name_workers(self, jv)
+        gather.name_workers(self.env, jv)
         orphans = {pid for pid in live if orphan.is_orphaned(self.view, pid)}
 
         exited_inc = exits.step(self.env, jv)
@@ -426,13 +419,13 @@ class Analyzer:
         straggler.track_episodes(self.env, jv)
         straggler.step(self.env, jv)
         orphan.step(self.env, jv, orphans)
-        asks.ask_for_evidence(self, jv)
+        asks.ask_for_evidence(self.env, jv)
         return self._states(jv, orphans)
 
     def _states(self, jv: JobView, orphans: set[int]) -> list[StateChange]:
         """Each rank's reported state: its evidence record, decided by ``rankstate``'s table."""
         job, tr, t, live = jv.job, jv.track, jv.t, jv.live
-        facts = gather.job_facts(self, jv)
+        facts = gather.job_facts(self.env, jv)
         changes = []
         for pid in live:
             if jv.readings[pid].local == Local.ZOMBIE:
@@ -442,7 +435,7 @@ class Analyzer:
             p0 = self._track(pid)
             if p0.read_as[0] != read_as:
                 p0.read_as = (read_as, t)
-            ev = gather.evidence(self, pid, jv, facts, pid in orphans)
+            ev = gather.evidence(self.env, pid, jv, facts, pid in orphans)
             d = rankstate.decide(ev)
             p = self._track(pid)
             p.started = p.started or ev.first_evidence or d.state not in (State.STARTING,)
@@ -621,11 +614,3 @@ def _calls(sig: tuple[str, ...]) -> tuple[str, ...]:
     """A stack signature without the line of its innermost frame: where the calls are."""
     return (sig[0].rsplit(":", 1)[0], *sig[1:])
 
-
-def _same_wait_point(wchan: str | None, s: ProcSignals, th: Thresholds) -> bool:
-    """It still waits where its stack was taken: the same kernel wait point, or caught running for
-    a moment between two sleeps there (a loop that wakes to poll, on a fraction of a core)."""
-    if wchan is None or s.wchan is None or s.state == "t" or wchan == s.wchan:
-        return True
-    return s.state == "R" and s.wchan == "0" and (s.cpu_cores or 0) < th.busy_cpu_cores and \
-        s.r_fraction < th.runnable_fraction

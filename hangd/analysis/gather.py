@@ -9,17 +9,14 @@ working); they decide nothing themselves.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hangd.analysis import otherend, rankstate, stackcat
-from hangd.analysis.detectors import hang, orphan
+from hangd.analysis.detectors import Env, hang, orphan
 from hangd.analysis.facts import io
 from hangd.analysis.model import Local, Reading, State
 from hangd.analysis.signals import ProcSignals
 from hangd.analysis.views import JobView, ProcTrack
-
-if TYPE_CHECKING:
-    from hangd.analysis.engine import Analyzer
 
 # Readings that show no more than a core in use or silence: a state shown on them alone is a guess.
 GUESSED = (Local.CPU, Local.QUIET)
@@ -27,12 +24,12 @@ GUESSED = (Local.CPU, Local.QUIET)
 SLEEP_WCHANS = ("hrtimer_nanosleep", "do_nanosleep", "clock_nanosleep", "common_nsleep")
 
 
-def job_facts(an: Analyzer, jv: JobView) -> dict[str, Any]:
+def job_facts(env: Env, jv: JobView) -> dict[str, Any]:
     """What the job says at this tick, the same for each of its ranks."""
-    th = an.th
+    th = env.th
     job, tr, t = jv.job, jv.track, jv.t
     waiting, serving = jv.waiting, jv.serving
-    hinc = an.book.get(job.id, hang.FAMILY)
+    hinc = env.book.get(job.id, hang.FAMILY)
     hung_why = ""
     hung_ref = f" (incident #{hinc.id} {hinc.kind})" if hinc else ""
     if tr.hung:
@@ -41,7 +38,7 @@ def job_facts(an: Analyzer, jv: JobView) -> dict[str, Any]:
     if exited:
         assert hinc is not None
         hung_why = f"job hung: rank {', '.join(map(str, hinc.culprit_ranks))} exited and the others wait for it"
-    idle, idle_why = idle_server(an, jv)
+    idle, idle_why = idle_server(env, jv)
     # a pattern: at least two earlier waits in the window (one earlier blip is not one)
     recurring = tr.episode is not None and sum(
         1 for tt, c in tr.episodes
@@ -50,19 +47,19 @@ def job_facts(an: Analyzer, jv: JobView) -> dict[str, Any]:
     # only logged a line since they wait, and now sleeps or sits on idle workers of its own)
     # the wait began when the waiting ranks last progressed, if that was before a stack showed it
     # (captures are seconds apart): what a peer did in between was done while they waited
-    began = min([tr.episode_start] + [x for w in waiting if (x := an.progress.of(w).last) is not None])
+    began = min([tr.episode_start] + [x for w in waiting if (x := env.progress.of(w).last) is not None])
     # every rank waits: there is no peer working to wait for (a pattern of such waits is the job's
     # own collectives, each rank in them a moment; one that lasts is a hang in the making)
     everyone = bool(waiting) and waiting >= set(jv.live)
     # when each peer last progressed, for those that did more than log since the wait began
     worked = [x for o in jv.live if o not in waiting
-              if (x := an.progress.of(o).last) is not None and x > began and not only_logged(an, o, jv, began)]
+              if (x := env.progress.of(o).last) is not None and x > began and not only_logged(env, o, jv, began)]
     peer_works = any(t - x <= th.progress_recent_s for x in worked)
     # a peer went on working a while after the wait began: the wait was for that work, not a hang's
     # first moment, and stays a wait for a peer (not held) when the peer then stops
     peer_worked = any(x > began + th.peer_worked_s for x in worked)
-    at_work, at_work_why = collectives_at_work(an, jv)
-    capturing, capture_why = job_captures(an, jv)
+    at_work, at_work_why = collectives_at_work(env, jv)
+    capturing, capture_why = job_captures(env, jv)
     return {"hung": tr.hung, "exited": exited, "hung_why": hung_why, "at_work": at_work, "at_work_why": at_work_why,
             "capturing": capturing, "capture_why": capture_why, "hung_ref": hung_ref, "idle": idle, "idle_why": idle_why,
             # a wait read off the GPU may be a blip; any wait while nothing moves may be a hang in
@@ -74,16 +71,16 @@ def job_facts(an: Analyzer, jv: JobView) -> dict[str, Any]:
                 or (not peer_works and jv.quiet < 2 * th.hang_host_s)),
             "waiting": waiting, "serving": serving, "peer_worked": peer_worked}
 
-def job_captures(an: Analyzer, jv: JobView) -> tuple[bool, str]:
+def job_captures(env: Env, jv: JobView) -> tuple[bool, str]:
     """Its job captures CUDA graphs: a rank's stack showed the capture within ``job_phase_s``, or
     a rank's own log named it within ``log_recent_s`` ("Capturing batches"). Tensor-parallel ranks
     capture together, a barrier between batch sizes, and usually one of them logs it. Not while
     a rank is out of it (asleep in a wait of its own, stopped): the others then wait for that one."""
-    t, th = jv.t, an.th
+    t, th = jv.t, env.th
     if any(jv.readings[p].local not in rankstate.CAPTURING for p in jv.live):
         return False, ""
     for p in jv.by_rank(jv.live):
-        tp = an._track(p)
+        tp = env.track(p)
         if tp.verdict.kind == "graph_capture" and tp.verdict_t is not None and t - tp.verdict_t <= th.job_phase_s:
             return True, f"rank {jv.job.ranks[p]}'s stack {t - tp.verdict_t:.0f} s ago shows it capturing ({tp.verdict.frame})"
         if "graph_capture" in jv.sigs[p].log_kinds:
@@ -91,32 +88,32 @@ def job_captures(an: Analyzer, jv: JobView) -> tuple[bool, str]:
     return False, ""
 
 
-def collectives_at_work(an: Analyzer, jv: JobView) -> tuple[bool, str]:
+def collectives_at_work(env: Env, jv: JobView) -> tuple[bool, str]:
     """Every rank reads a wait for a peer, and every rank has itself progressed within
     ``window_s`` (its own log, its GPU's work, its stack moving): the ranks are in their own
     collectives as they work (a pipeline's sends and receives, back-to-back all-reduces), each a
     moment, not waiting on one that stopped. Any number of ranks; one that stops progressing,
     or leaves the collective for a wait of its own, ends it."""
-    live, t, th = jv.live, jv.t, an.th
+    live, t, th = jv.live, jv.t, env.th
     if len(live) < 2 or any(not jv.readings[p].local.waits_for_peer for p in live):
         return False, ""
-    lasts = [an.progress.of(p).last_strong for p in live]
+    lasts = [env.progress.of(p).last_strong for p in live]
     if any(x is None or t - x > th.window_s for x in lasts):
         return False, ""
-    return True, f"every rank is in a collective and every rank progresses ({an.progress.why_strongest(live)})"
+    return True, f"every rank is in a collective and every rank progresses ({env.progress.why_strongest(live)})"
 
 
-def only_logged(an: Analyzer, pid: int, jv: JobView, since: float) -> bool:
+def only_logged(env: Env, pid: int, jv: JobView, since: float) -> bool:
     """Nothing of its work moved since ``since`` but its log (a burst of bytes, a wake-up aside),
     and it does nothing now: asleep with no wait a stack or descriptor names, or blocked on workers
     of its own none of which works (a server that logs the request it takes, then sleeps in it). A
     rank that worked and stopped (its GPU's last kernels, its bytes written) is not one."""
     s, loc = jv.sigs[pid], jv.readings[pid].local
-    idle = loc == Local.QUIET or loc == Local.WORKER_WAIT and not an.view.workers_work(pid, jv.job.ranks, jv.t)
-    strong = an.progress.of(pid).last_strong
+    idle = loc == Local.QUIET or loc == Local.WORKER_WAIT and not env.view.workers_work(pid, jv.job.ranks, jv.t)
+    strong = env.progress.of(pid).last_strong
     return idle and (strong is None or strong <= since or s.log_grew_at is not None and s.log_grew_at >= strong)
 
-def idle_server(an: Analyzer, jv: JobView) -> tuple[bool, str]:
+def idle_server(env: Env, jv: JobView) -> tuple[bool, str]:
     """An idle server: ranks wait for one that waits for requests from outside the job, or the
     ranks' collectives keep completing while none of them works (a scheduler polling an empty
     queue and broadcasting empty batches many times a second)."""
@@ -132,50 +129,50 @@ def idle_server(an: Analyzer, jv: JobView) -> tuple[bool, str]:
                Local.WORKER_WAIT, Local.IO_WAIT)
     if any(jv.readings[p].local in working for p in live):
         return False, ""
-    work = an.progress.job_last_work(live)
-    if work is not None and t - work <= an.th.stack_quiet_s:
+    work = env.progress.job_last_work(live)
+    if work is not None and t - work <= env.th.stack_quiet_s:
         return False, ""  # something does work: the waits are for it
-    completing = [r for p in waiting if (r := collectives_complete(an, p, jv, work)) is not None]
+    completing = [r for p in waiting if (r := collectives_complete(env, p, jv, work)) is not None]
     if not completing:
         return False, ""
     coord = ", ".join(str(job.ranks[o]) for o in jv.by_rank(others))
     return True, (f"idle server: the collectives with rank {coord} keep completing "
                   f"({max(completing):.0f} a second) and no rank works")
 
-def collectives_complete(an: Analyzer, pid: int, jv: JobView, work: float | None) -> float | None:
+def collectives_complete(env: Env, pid: int, jv: JobView, work: float | None) -> float | None:
     """How many a second its collectives complete while it waits in one, or None: its main
     thread keeps waking inside the collective, or its flight recorder's completed seq advanced
     within ``collectives_seen_s`` and after the job's last work (``work``): collectives that
     completed while ranks worked are the work's own (a rank that waits spinning on its GPU or its
     CPU never wakes)."""
-    s, p = jv.sigs[pid], an.progress.of(pid)
-    if an._last_wait(pid, s, jv.t) == "collective" and (s.wakes_per_s or 0) >= an.th.wake_per_s:
+    s, p = jv.sigs[pid], env.progress.of(pid)
+    if env.last_wait(pid, s, jv.t) == "collective" and (s.wakes_per_s or 0) >= env.th.wake_per_s:
         return s.wakes_per_s
-    if p.collectives_at is not None and jv.t - p.collectives_at <= an.th.collectives_seen_s and p.collectives_per_s \
+    if p.collectives_at is not None and jv.t - p.collectives_at <= env.th.collectives_seen_s and p.collectives_per_s \
             and (work is None or p.collectives_at > work):
         return p.collectives_per_s
     return None
 
-def evidence(an: Analyzer, pid: int, jv: JobView, facts: dict[str, Any], orphaned: bool) -> rankstate.Evidence:
+def evidence(env: Env, pid: int, jv: JobView, facts: dict[str, Any], orphaned: bool) -> rankstate.Evidence:
     """The record ``rankstate.decide`` judges: per source whether the rank moved, what it
     waits on, what its job says."""
     job, t = jv.job, jv.t
-    s, rd, p = jv.sigs[pid], jv.readings[pid], an._track(pid)
+    s, rd, p = jv.sigs[pid], jv.readings[pid], env.track(pid)
     waiting, serving = facts["waiting"], facts["serving"]
-    progress, how = progress_record(an, pid, s, t, job.ranks)
-    waiting_on, detail = waits_on(an, pid, jv)
+    progress, how = progress_record(env, pid, s, t, job.ranks)
+    waiting_on, detail = waits_on(env, pid, jv)
     loc = rd.local
     # peers in a collective (a rank that waits in its start-up's rendezvous waits for the job to
     # form, for no one rank)
-    peers = [w for w in waiting if w != pid and not store_wait(an, w)]
+    peers = [w for w in waiting if w != pid and not store_wait(env, w)]
     peers_wait = ", ".join(str(job.ranks[w]) for w in jv.by_rank(peers)) \
         if peers and pid not in waiting and pid not in serving else ""
     it_waits_for = ", ".join(str(job.ranks[o]) for o in jv.by_rank([o for o in jv.live if o != pid and o not in waiting])) \
         if loc.waits_for_peer else ""
-    worker_stuck = loc == Local.WORKER_WAIT and not an.view.workers_work(pid, job.ranks, t)
+    worker_stuck = loc == Local.WORKER_WAIT and not env.view.workers_work(pid, job.ranks, t)
     job_hung = facts["hung"] or (facts["exited"] and loc not in (Local.BUSY, Local.LOADING, Local.WRITING, Local.COMPILING))
     why = rd.why
-    held = shown_at_progress(an, pid, t)
+    held = shown_at_progress(env, pid, t)
     over = compile_over(held[0], loc)
     if held[0] == State.COMPILING and ran_after_compile(p) and not over:
         # a stack after the compile showed it at work (the dwell had not yet said so): a first wait
@@ -184,9 +181,9 @@ def evidence(an: Analyzer, pid: int, jv: JobView, facts: dict[str, Any], orphane
     return rankstate.Evidence(
         local=loc, why=why, progress=progress, how=how, waits_on=waiting_on, waits_detail=detail,
         # once set up, it stays so: what first_evidence looks for (and keeps) no longer matters
-        started=p.started, first_evidence=not p.started and first_evidence(an, pid, jv), previous=held[0],
+        started=p.started, first_evidence=not p.started and first_evidence(env, pid, jv), previous=held[0],
         why_previous=held[1],
-        orphaned=orphaned, orphan_why=orphan.reason(an.view, pid) if orphaned else "",
+        orphaned=orphaned, orphan_why=orphan.reason(env.view, pid) if orphaned else "",
         job_hung=job_hung, hung_why=facts["hung_why"], hung_ref=facts["hung_ref"], age_s=s.age_s,
         idle_server=facts["idle"] and not worker_stuck, idle_why=facts["idle_why"],
         collectives_at_work=facts["at_work"], at_work_why=facts["at_work_why"],
@@ -194,23 +191,23 @@ def evidence(an: Analyzer, pid: int, jv: JobView, facts: dict[str, Any], orphane
         # a wait on its own workers that do not move keeps what it did before, as a first wait for a
         # peer does, until the job is judged hung or the wait outlasts the hang threshold twice
         hold=(facts["hold"] and not (pid in waiting and facts["peer_worked"])
-              or (worker_stuck and jv.quiet < 2 * an.th.hang_host_s))
+              or (worker_stuck and jv.quiet < 2 * env.th.hang_host_s))
         and not over and not waits_for_the_gone(jv, loc),
         peers_wait_for_it=peers_wait, it_waits_for=it_waits_for)
 
-def store_wait(an: Analyzer, pid: int) -> bool:
+def store_wait(env: Env, pid: int) -> bool:
     """Its wait is on the rendezvous store (its stack or its descriptors say so), not in a collective."""
-    p = an._track(pid)
+    p = env.track(pid)
     return p.verdict.kind == "store" or (p.other_end is not None and p.other_end.store)
 
-def shown_at_progress(an: Analyzer, pid: int, t: float) -> tuple[State | None, str]:
+def shown_at_progress(env: Env, pid: int, t: float) -> tuple[State | None, str]:
     """The state a hold keeps: the one it was shown in when it last progressed. A state shown since
     on nothing but its CPU or its silence was a guess made before a stack showed the wait (captures
     are seconds apart): a loader whose reads end as it enters a collective that spins a core was
     loading when the wait began, not busy. A state shown since on evidence (a stack, its
     descriptors, its GPU) stands."""
-    p = an._track(pid)
-    last = an.progress.of(pid).last
+    p = env.track(pid)
+    last = env.progress.of(pid).last
     if last is None or p.state is None or p.since <= last:
         return p.state, p.reason
     for since, state, reason, loc in reversed(p.shown):
@@ -244,9 +241,9 @@ def ran_after_compile(p: ProcTrack) -> bool:
         and p.verdict_t > p.compiled_at
 
 
-def progress_record(an: Analyzer, pid: int, s: ProcSignals, t: float,
+def progress_record(env: Env, pid: int, s: ProcSignals, t: float,
                     ranks: Collection[int]) -> tuple[dict[str, rankstate.Moved], dict[str, str]]:
-    th = an.th
+    th = env.th
     M = rankstate.Moved
     out: dict[str, rankstate.Moved] = {}
     how: dict[str, str] = {}
@@ -266,20 +263,20 @@ def progress_record(an: Analyzer, pid: int, s: ProcSignals, t: float,
     put("write", s.out_long_per_s is not None, io.moves(s, th, "out"),
         lambda: f"wrote {(s.out_long_per_s or 0) / 1e6:.0f} MB/s ({s.out_counter})")
     put("log", True, s.log_grew_at is not None and t - s.log_grew_at <= th.window_s, lambda: "wrote to its log")
-    put("collectives", s.wakes_per_s is not None, an._last_wait(pid, s, t) == "collective"
+    put("collectives", s.wakes_per_s is not None, env.last_wait(pid, s, t) == "collective"
         and (s.wakes_per_s or 0) >= th.wake_per_s, lambda: "its collectives complete")
-    p = an._track(pid)
-    put("stack", p.stack_sig_t is not None, bool(p.stack_sig_t and an.progress.of(pid).why.startswith("its stack")
-                                                 and t - (an.progress.of(pid).last or 0) <= th.window_s),
+    p = env.track(pid)
+    put("stack", p.stack_sig_t is not None, bool(p.stack_sig_t and env.progress.of(pid).why.startswith("its stack")
+                                                 and t - (env.progress.of(pid).last or 0) <= th.window_s),
         lambda: "its stack changed")
-    kids = an.view.workers(pid, ranks)
-    busy = [c for c in kids if an.view.cpu_works(c, t)]
+    kids = env.view.workers(pid, ranks)
+    busy = [c for c in kids if env.view.cpu_works(c, t)]
     put("children", bool(kids), bool(busy), lambda: f"its workers pid {', '.join(map(str, busy[:4]))} work")
     return out, how
 
-def still_for(an: Analyzer, pid: int, t: float) -> float | None:
+def still_for(env: Env, pid: int, t: float) -> float | None:
     """How long it has used no CPU, over the history kept (None: it used some at the last reading)."""
-    samples = an.view.procs[pid].samples
+    samples = env.view.procs[pid].samples
     if not samples:
         return None
     last_t, last = samples[-1]
@@ -293,7 +290,7 @@ def still_for(an: Analyzer, pid: int, t: float) -> float | None:
     return t - since if since is not None and since < last_t else None
 
 
-def waits_on(an: Analyzer, pid: int, jv: JobView) -> tuple[rankstate.WaitsOn, str]:
+def waits_on(env: Env, pid: int, jv: JobView) -> tuple[rankstate.WaitsOn, str]:
     """What it waits on, and for a worker of its own which one and what that one does."""
     W = rankstate.WaitsOn
     rd = jv.readings[pid]
@@ -302,16 +299,16 @@ def waits_on(an: Analyzer, pid: int, jv: JobView) -> tuple[rankstate.WaitsOn, st
         return W.PEER, ""
     if loc == Local.STOPPED:
         return W.STOPPED, ""
-    oe = an._track(pid).other_end  # as the engine read it this tick (Analyzer._context)
+    oe = env.track(pid).other_end  # as the engine read it this tick (Analyzer._context)
     if loc == Local.SERVING:
         return W.OUTSIDE, oe.what if oe is not None and oe.kind == otherend.OUTSIDE else ""
     if loc == Local.WORKER_WAIT and oe is not None and oe.kind == otherend.OWN_THREAD:
         return W.OWN_WORKER, "a thread of its own"
     if loc == Local.WORKER_WAIT:
-        mine = an.view.workers(pid, jv.job.ranks)
+        mine = env.view.workers(pid, jv.job.ranks)
         if oe is not None and oe.kind == otherend.OWN_WORKER and oe.pids and not set(oe.pids) & set(mine):
             return W.OWN_WORKER, oe.what  # its launcher, or another process of its job: not a worker of its own
-        held = [p for p in oe.pids if p in an.view.procs] if oe is not None and oe.kind == otherend.OWN_WORKER \
+        held = [p for p in oe.pids if p in env.view.procs] if oe is not None and oe.kind == otherend.OWN_WORKER \
             else []
         # the holders its descriptors named (a bounded read may miss some) and its other workers,
         # the one that has not moved longest first: a DataLoader's workers all hold its result
@@ -319,30 +316,30 @@ def waits_on(an: Analyzer, pid: int, jv: JobView) -> tuple[rankstate.WaitsOn, st
         kids = held + [c for c in mine if c not in held]
         if not kids:
             return W.OWN_WORKER, "a thread of its own"
-        still = {c: still_for(an, c, jv.t) for c in kids}
+        still = {c: still_for(env, c, jv.t) for c in kids}
 
         def moved_at(c: int) -> float:
             """When it last moved: its main thread's last wake-up (kept however long ago), else
             its CPU time's last change within the readings kept."""
-            woke = an.view.procs[c].woke_at
+            woke = env.view.procs[c].woke_at
             return woke if woke is not None else jv.t - (still[c] or 0.0)
 
-        kids.sort(key=lambda c: (an.view.cpu_works(c, jv.t), moved_at(c)))
+        kids.sort(key=lambda c: (env.view.cpu_works(c, jv.t), moved_at(c)))
         words = []
         for c in kids[:3]:
-            lp = an.view.procs[c].latest()
+            lp = env.view.procs[c].latest()
             if lp is None:
                 continue
             still_s = still[c]
             asleep = lp.state in ("S", "D") and lp.wchan and lp.wchan != "0"
-            doing = "working" if an.view.cpu_works(c, jv.t) else \
+            doing = "working" if env.view.cpu_works(c, jv.t) else \
                 f"sleeping in {lp.wchan}" + (f" for {still_s:.0f} s" if still_s is not None and still_s >= 1 else "") \
                 if asleep else f"state {lp.state}"
             words.append(f"pid {c} ({doing})")
-        name = "DataLoader worker" if any("dataloader" in f for f in an._track(pid).stack_sig) else "worker"
+        name = "DataLoader worker" if any("dataloader" in f for f in env.track(pid).stack_sig) else "worker"
         return W.OWN_WORKER, f"its {name}{'s' if len(kids) > 1 else ''} " + ", ".join(words) + \
             (f" and {len(kids) - 3} more" if len(kids) > 3 else "")
-    kind = an._track(pid).verdict.kind
+    kind = env.track(pid).verdict.kind
     if kind == "lock_wait":
         return W.LOCK, ""
     if kind == "sleeping":
@@ -351,13 +348,13 @@ def waits_on(an: Analyzer, pid: int, jv: JobView) -> tuple[rankstate.WaitsOn, st
         return W.UNKNOWN, ""
     return W.NOTHING, ""
 
-def first_evidence(an: Analyzer, pid: int, jv: JobView) -> bool:
+def first_evidence(env: Env, pid: int, jv: JobView) -> bool:
     """Setting up ends with the first sign of what the process is for, whatever its age: GPU
     work, memory beyond a CUDA context, loading, writing, capture, compiling, a wait, a request
     loop, a stack that says where it is, CPU work of its own once the imports are over (its GPU
     context exists, or past the setup window), or sleeping a few seconds after its setup."""
-    th = an.th
-    p = an._track(pid)
+    th = env.th
+    p = env.track(pid)
     s = jv.sigs[pid]
     loc = jv.readings[pid].local
     t = jv.t
@@ -365,10 +362,10 @@ def first_evidence(an: Analyzer, pid: int, jv: JobView) -> bool:
     p.quiet_since = (p.quiet_since if p.quiet_since is not None else t) if asleep else None
     working = loc in (Local.LOADING, Local.WRITING, Local.IO_WAIT, Local.CPU, Local.BUSY)
     p.working_since = (p.working_since if p.working_since is not None else t) if working else None
-    lp = an.view.procs[pid].latest()
+    lp = env.view.procs[pid].latest()
     pg_up = lp is not None and bool(lp.dist_threads)
-    note_gpu_mem(an, pid, jv, pg_up)
-    if loc == Local.WAITING and store_wait(an, pid):
+    note_gpu_mem(env, pid, jv, pg_up)
+    if loc == Local.WAITING and store_wait(env, pid):
         return False  # the rendezvous of its start-up: still setting up (a hang says itself)
     if loc == Local.COMPILING and p.verdict.kind == "compile_setup" and not s.compile_children and not pg_up:
         return False  # torch.compile() importing its compiler during start-up: still setting up
@@ -383,7 +380,7 @@ def first_evidence(an: Analyzer, pid: int, jv: JobView) -> bool:
     # spinning in a barrier burns a core too); a rank without a GPU (gloo on the CPU), or a GPU rank
     # with no communicator yet, working on the CPU with its process group up: its imports are over
     dist_up = pg_up and ((s.gpu.util or 0) >= th.gpu_active_util_pct or (not s.gpu_indexes and loc in (Local.CPU, Local.BUSY))
-                         or own_cpu_before_nccl(an, pid, jv))
+                         or own_cpu_before_nccl(env, pid, jv))
     moving = loc in (Local.LOADING, Local.WRITING) and (bool(s.gpu_indexes) or s.age_s >= th.startup_imports_s) \
         and t - (p.working_since or t) >= th.startup_work_s
     if working and (fresh and p.verdict.known and p.verdict.kind not in stackcat.SLEEPING_KINDS or s.age_s >= th.startup_cpu_s or moving or dist_up):
@@ -400,14 +397,14 @@ def first_evidence(an: Analyzer, pid: int, jv: JobView) -> bool:
     return s.age_s >= th.startup_max_s
 
 
-def own_cpu_before_nccl(an: Analyzer, pid: int, jv: JobView) -> bool:
+def own_cpu_before_nccl(env: Env, pid: int, jv: JobView) -> bool:
     """A GPU rank whose process group is up (init is over), on the CPU for ``startup_work_s`` with
     its GPU holding the same memory all that time and nothing more since the group came up: no NCCL
     communicator exists yet (one brings hundreds of MB of buffers and kernels), so no collective
     can hold it spinning, and what burns its CPU is its own code (building its model or its data,
     the lazy imports of its first step)."""
-    th, t = an.th, jv.t
-    p, loc = an._track(pid), jv.readings[pid].local
+    th, t = env.th, jv.t
+    p, loc = env.track(pid), jv.readings[pid].local
     if p.pg_up_mem is None or p.pg_mem_grew or p.gpu_mem_mark is None or p.working_since is None:
         return False
     held_since, held = p.gpu_mem_mark
@@ -415,10 +412,10 @@ def own_cpu_before_nccl(an: Analyzer, pid: int, jv: JobView) -> bool:
         and t - p.working_since >= th.startup_work_s
 
 
-def note_gpu_mem(an: Analyzer, pid: int, jv: JobView, pg_up: bool) -> None:
+def note_gpu_mem(env: Env, pid: int, jv: JobView, pg_up: bool) -> None:
     """The bookkeeping of ``own_cpu_before_nccl``: since when a GPU rank has held about the GPU
     memory it holds, what it held when its process group came up, and whether it grew since."""
-    p, s, grew = an._track(pid), jv.sigs[pid], an.th.startup_gpu_mem_grew_bytes
+    p, s, grew = env.track(pid), jv.sigs[pid], env.th.startup_gpu_mem_grew_bytes
     if not s.gpu_indexes:
         return
     if p.gpu_mem_mark is None or abs(s.gpu_mem - p.gpu_mem_mark[1]) > grew:
@@ -428,12 +425,12 @@ def note_gpu_mem(an: Analyzer, pid: int, jv: JobView, pg_up: bool) -> None:
         p.pg_mem_grew = p.pg_mem_grew or s.gpu_mem > p.pg_up_mem + grew
 
 
-def name_workers(an: Analyzer, jv: JobView) -> None:
+def name_workers(env: Env, jv: JobView) -> None:
     """A rank blocked on a worker of its own says which one and what that one does, in its reading
     (what incidents quote): "its DataLoader worker pid 4242 (sleeping in futex_wait)"."""
     for pid, rd in list(jv.readings.items()):
         if rd.local == Local.WORKER_WAIT:
-            _, detail = waits_on(an, pid, jv)
+            _, detail = waits_on(env, pid, jv)
             if detail and detail.split(":")[0] not in rd.why:
                 jv.readings[pid] = Reading(rd.local, f"{rd.why}: {detail}")
-                an.tracks[pid].reading = jv.readings[pid]
+                env.tracks[pid].reading = jv.readings[pid]

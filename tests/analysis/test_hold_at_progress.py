@@ -84,7 +84,7 @@ L, B, W, S, Q = State.LOADING, State.BUSY, State.WAITING_PEER, State.STARTING, S
 ])
 def test_the_state_a_hold_keeps(shown, last, kept):
     an = _analyzer_with(shown, last)
-    state, why = shown_at_progress(an, 7, 20.0)
+    state, why = shown_at_progress(an.env, 7, 20.0)
     assert state == kept
     assert why.startswith(f"{kept} then")
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from hangd.analysis import otherend
 from hangd.analysis.facts import RankIn
+from hangd.analysis.signals import ProcSignals
+from hangd.analysis.thresholds import Thresholds
 
 # Kernel wait points of a process waiting for work from outside (a socket, an event loop).
 REQUEST_WCHANS = ("inet_csk_accept", "ep_poll", "do_epoll_wait", "do_select", "do_sys_poll", "unix_stream_read",
@@ -56,3 +58,11 @@ def wakes_in_calls(r: RankIn) -> bool:
     """Its main thread wakes ``wake_per_s`` times a second or more: a thread streaming while the
     main thread hangs would not wake it."""
     return (r.s.wakes_per_s or 0) >= r.th.wake_per_s
+
+def same_wait_point(wchan: str | None, s: ProcSignals, th: Thresholds) -> bool:
+    """It still waits where its stack was taken: the same kernel wait point, or caught running for
+    a moment between two sleeps there (a loop that wakes to poll, on a fraction of a core)."""
+    if wchan is None or s.wchan is None or s.state == "t" or wchan == s.wchan:
+        return True
+    return s.state == "R" and s.wchan == "0" and (s.cpu_cores or 0) < th.busy_cpu_cores and \
+        s.r_fraction < th.runnable_fraction
