@@ -14,6 +14,7 @@ from typing import Any
 from hangd.analysis import otherend, rankstate, stackcat
 from hangd.analysis.detectors import Env, hang, orphan
 from hangd.analysis.facts import io
+from hangd.analysis.facts import job as job_facts_mod
 from hangd.analysis.model import Local, Reading, State
 from hangd.analysis.signals import ProcSignals
 from hangd.analysis.views import JobView, ProcTrack
@@ -59,8 +60,11 @@ def job_facts(env: Env, jv: JobView) -> dict[str, Any]:
     # first moment, and stays a wait for a peer (not held) when the peer then stops
     peer_worked = any(x > began + th.peer_worked_s for x in worked)
     at_work, at_work_why = collectives_at_work(env, jv)
+    one_wait, one_wait_why = job_facts_mod.every_rank_in_one_wait(jv, env.tracks, th.window_s) \
+        if jv.quiet < th.hang_all_in_s else (False, "")
     capturing, capture_why = job_captures(env, jv)
     return {"hung": tr.hung, "exited": exited, "hung_why": hung_why, "at_work": at_work, "at_work_why": at_work_why,
+            "one_wait": one_wait, "one_wait_why": one_wait_why,
             "capturing": capturing, "capture_why": capture_why, "hung_ref": hung_ref, "idle": idle, "idle_why": idle_why,
             # a wait read off the GPU may be a blip; any wait while nothing moves may be a hang in
             # the making; a wait for a peer that works is waiting_peer at once
@@ -79,9 +83,11 @@ def job_captures(env: Env, jv: JobView) -> tuple[bool, str]:
     t, th = jv.t, env.th
     if any(jv.readings[p].local not in rankstate.CAPTURING for p in jv.live):
         return False, ""
+    ended, _ = job_facts_mod.capture_logged_over(jv)
     for p in jv.by_rank(jv.live):
         tp = env.track(p)
-        if tp.verdict.kind == "graph_capture" and tp.verdict_t is not None and t - tp.verdict_t <= th.job_phase_s:
+        if tp.verdict.kind == "graph_capture" and tp.verdict_t is not None and t - tp.verdict_t <= th.job_phase_s \
+                and (ended is None or tp.verdict_t > ended):
             return True, f"rank {jv.job.ranks[p]}'s stack {t - tp.verdict_t:.0f} s ago shows it capturing ({tp.verdict.frame})"
         if "graph_capture" in jv.sigs[p].log_kinds:
             return True, f"rank {jv.job.ranks[p]}'s log says it captures CUDA graphs"
@@ -178,6 +184,11 @@ def evidence(env: Env, pid: int, jv: JobView, facts: dict[str, Any], orphaned: b
         # a stack after the compile showed it at work (the dwell had not yet said so): a first wait
         # keeps that work, not the compile
         held = (State.BUSY, f"done compiling; its stack after the compile: {p.verdict.why} ({p.verdict.frame})")
+    if held[0] == State.GRAPH_CAPTURE:
+        ended, ended_why = job_facts_mod.capture_logged_over(jv)
+        if ended is not None:
+            # the capture it was shown in is over: what it waits in since is the work after it
+            held = (State.BUSY, f"done capturing: {ended_why}")
     return rankstate.Evidence(
         local=loc, why=why, progress=progress, how=how, waits_on=waiting_on, waits_detail=detail,
         # once set up, it stays so: what first_evidence looks for (and keeps) no longer matters
@@ -187,6 +198,7 @@ def evidence(env: Env, pid: int, jv: JobView, facts: dict[str, Any], orphaned: b
         job_hung=job_hung, hung_why=facts["hung_why"], hung_ref=facts["hung_ref"], age_s=s.age_s,
         idle_server=facts["idle"] and not worker_stuck, idle_why=facts["idle_why"],
         collectives_at_work=facts["at_work"], at_work_why=facts["at_work_why"],
+        one_wait=facts["one_wait"], one_wait_why=facts["one_wait_why"],
         job_captures=facts["capturing"], capture_why=facts["capture_why"],
         # a wait on its own workers that do not move keeps what it did before, as a first wait for a
         # peer does, until the job is judged hung or the wait outlasts the hang threshold twice

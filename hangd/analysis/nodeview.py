@@ -54,9 +54,11 @@ def classify_log_lines(text: str) -> tuple[int, set[str]]:
         if diag is not None and diag.search(line):
             continue
         useful += len(line) + 1
-        for kind, pat in cat.items():
-            if pat.search(line):  # not "diagnostic": such lines were passed over above
-                kinds.add(kind)
+        named = {kind for kind, pat in cat.items() if pat.search(line)}  # not "diagnostic": passed over above
+        if "graph_capture_end" in named:
+            named.discard("graph_capture")  # "Capture cuda graph end": the capture is over
+            kinds.discard("graph_capture")  # ... and so are the capture's lines before it
+        kinds |= named
     return useful, kinds
 
 

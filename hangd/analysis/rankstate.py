@@ -80,6 +80,9 @@ class Evidence:
     # every rank of the job is in a collective and every one progresses: their collectives at work
     collectives_at_work: bool = False
     at_work_why: str = ""
+    # every rank of the job waits at the same collective call, none missing: no rank holds them up
+    one_wait: bool = False
+    one_wait_why: str = ""
     job_captures: bool = False  # its job captures CUDA graphs (a rank's stack or log says so)
     capture_why: str = ""
     hold: bool = False  # a first wait, younger than the hang threshold and not a pattern: keep the state
@@ -146,6 +149,12 @@ def _collectives_at_work(e: Evidence) -> str | None:
     return f"{e.at_work_why}; this rank: {e.why}"
 
 
+def _one_wait(e: Evidence) -> str | None:
+    if not e.one_wait or not e.local.waits_for_peer:
+        return None
+    return f"{e.one_wait_why}; this rank: {e.why}"
+
+
 def _hold(e: Evidence) -> str | None:
     # a rank that set up but showed nothing else yet keeps "starting" through the first wait too
     if e.hold and e.previous is not None and (e.previous != State.STARTING or not e.started) and e.local in _HOLDABLE:
@@ -196,6 +205,8 @@ TABLE: tuple[Row, ...] = (
         "waits in the capture's collectives", State.GRAPH_CAPTURE, _job_captures),
     Row("collectives_at_work", "it waits in a collective, and so does every rank of its job, each of which progressed "
         "within the window: their collectives at work", State.BUSY, _collectives_at_work),
+    Row("one_wait", "it waits in a collective, and every rank of its job waits at the same call, none missing "
+        "from it (shorter than the hang threshold for that): their collectives run, slowly", State.BUSY, _one_wait),
     Row("hold", "a first wait or silence in its job, or a wait on its own workers that do not move, younger than "
         "the hang threshold, not a pattern (unless every rank waits), not a compiling rank whose stack now shows a "
         "wait, not a wait that began while a peer went on working, and not a wait in a job a rank of which exited", "previous", _hold),

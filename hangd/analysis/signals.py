@@ -191,6 +191,30 @@ def _uses_gpu(pid: int, samples: list[GpuSample]) -> bool:
     return not seen
 
 
+def _named_window(view: NodeView, index: int, t: float, th: Thresholds, gw: list[GpuSample]) -> list[GpuSample]:
+    """The readings whose per-process samples tell who uses GPU ``index``: NVML names only the
+    processes that ran since its previous sample, a few a reading, so with many processes
+    time-sliced on one GPU the window may name none of some that use it all along. Back from ``t``
+    until the samples name each process on the GPU twice on average: the window at least,
+    ``gpu_seen_s`` at most."""
+    key = ("named", index, t, id(th))
+    hit = view.per_tick.get(key)
+    if hit is not None:
+        return hit  # type: ignore[return-value]
+    need = 2 * max(len(gw[-1].procs), 1) if gw else 0
+    out, named = gw, sum(len(g.proc_util or ()) for g in gw)
+    # none in the window: NVML gives no per-process data now, and older samples do not stand in
+    if 0 < named < need:
+        wide = view.gpu_window(index, t, th.gpu_seen_s)
+        got, i = 0, len(wide)
+        while i > 0 and (got < need or len(wide) - i < len(gw)):
+            i -= 1
+            got += len(wide[i].proc_util or ())
+        out = wide[i:]
+    view.per_tick[key] = out
+    return out
+
+
 def _shared(samples: list[GpuSample]) -> bool:
     """Whether another process uses this GPU: NVML lists several on it, or its per-process
     utilization gives SM time to a pid it never listed on it in the window. A hangd in a PID
@@ -273,7 +297,7 @@ def proc_signals(view: NodeView, pid: int, t: float, th: Thresholds) -> ProcSign
         main = max(gpus, key=lambda i: gpus[i] or 0)
         gw, sig.gpu, sig.gpu_work_at, sig.gpu_unseen, sig.gpu_shared = _gpu_window(view, main, t, th)
         sig.gpu_sm_named = any(u.get("pid") == pid and (u.get("sm") or 0) > 0 for g in gw for u in g.proc_util or [])
-        if sig.gpu_shared and not _uses_gpu(pid, gw):
+        if sig.gpu_shared and not _uses_gpu(pid, _named_window(view, main, t, th, gw)):
             sig.gpu = GpuSignals(util=0.0, has_gpm=sig.gpu.has_gpm, power_w=sig.gpu.power_w)
             sig.gpu_work_at = None
             sig.gpu_shared_idle = True

@@ -75,6 +75,10 @@ class Thresholds:
     peer_worked_s: float = 1.0
     hang_gpu_s: float = 10.0  # no progress while a rank spins in a GPU collective
     hang_host_s: float = 12.0  # no progress while stacks show ranks blocked host-side
+    # ... while every rank of the job waits at the same collective call, none missing from it: a
+    # slow collective (many ranks over a socket transport, a queue of hundreds) looks so, and names
+    # no rank that holds the others up; a flight recorder's finding of the stall does not wait
+    hang_all_in_s: float = 30.0
     hang_io_s: float = 30.0  # uninterruptible sleep with no I/O
     # a rank stopped by a signal (state T) runs no code until someone continues it: nothing moving
     # this long with one stopped is a hang (a debugger's stop is state t, not T)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from hangd.analysis.thresholds import Thresholds
+
 from .builders import GiB, Node, P, churn, torchrun_env
 
 COLL = [("torch/distributed/distributed_c10d.py", "broadcast_object_list"), ("server.py", "loop")]
@@ -268,7 +270,8 @@ def test_a_wait_whose_worker_works_or_that_woke_since_its_stack_is_not_hung_soon
 
 def test_ranks_waiting_in_different_collectives_are_said_to_have_diverged_without_a_culprit():
     # a rank that skipped a batch reaches the barrier while its peer is in the step's all_reduce:
-    # the stacks cannot say which one diverged, so none is blamed and the summary says where each waits
+    # the stacks cannot say which one diverged, so none is blamed and the summary says where each waits;
+    # both at the same call is no divergence, and no rank missing from it: judged after hang_all_in_s
     ar = [("torch/distributed/distributed_c10d.py", "all_reduce"), ("train.py", "step")]
     bar = [("torch/distributed/distributed_c10d.py", "barrier"), ("train.py", "finish")]
     for frames1, diverged in ((bar, True), (ar, False)):
@@ -276,7 +279,7 @@ def test_ranks_waiting_in_different_collectives_are_said_to_have_diverged_withou
         node.run(5)
         node.stack(11, ar)
         node.stack(12, frames1)
-        node.run(20)
+        node.run(20 if diverged else Thresholds().hang_all_in_s + 5)
         (inc,) = node.an.incidents()
         assert ("different collectives" in inc.summary) is diverged, inc.summary
         if diverged:

@@ -109,10 +109,12 @@ def test_a_wait_every_rank_is_in_is_held_though_such_waits_recur(world: int):
              for r in range(world)]
     node = Node([P(10, 1), *ranks])
     node.run(6)
+    # the one that skipped a step waits at the next all_reduce: another line of the step
+    skipped = [COLL[0], ("train.py", "step", 9)]
     for _ in range(3):  # three waits of all ranks in the step's all_reduce, seconds each (slow transport)
         for r in ranks:
             r.look = "spin"
-            node.stack(r.pid, COLL)
+            node.stack(r.pid, COLL if r is not ranks[-1] else skipped)
         node.run(2.5)
         for r in ranks:
             r.look = "work"
@@ -120,7 +122,7 @@ def test_a_wait_every_rank_is_in_is_held_though_such_waits_recur(world: int):
     assert [node.state(r.pid) for r in ranks] == ["busy"] * world
     for r in ranks:
         r.look = "spin"
-        node.stack(r.pid, COLL)
+        node.stack(r.pid, COLL if r is not ranks[-1] else skipped)
     node.run(8)  # past the dwell, short of the hang threshold
     assert [node.state(r.pid) for r in ranks] == ["busy"] * world
     node.run(6)

@@ -69,6 +69,10 @@ ROWS = [
     (replace(BASE, local=Local.SPINNING, collectives_at_work=True, at_work_why="every rank progresses", hold=True,
              previous=State.LOADING), State.BUSY, "collectives_at_work"),
     (replace(BASE, local=Local.QUIET, collectives_at_work=True, previous=State.LOADING), State.IDLE, "own_reading"),
+    # every rank at one call, none missing: their collectives run, and a first wait's hold does not keep a load
+    (replace(BASE, local=Local.SPINNING, one_wait=True, one_wait_why="every rank waits at the same call", hold=True,
+             previous=State.LOADING), State.BUSY, "one_wait"),
+    (replace(BASE, local=Local.QUIET, one_wait=True, previous=State.LOADING), State.IDLE, "own_reading"),
 ]
 
 

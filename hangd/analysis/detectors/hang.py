@@ -13,6 +13,7 @@ from typing import Any
 
 from hangd.analysis import hardware, otherend, report, stackcat
 from hangd.analysis.detectors import Env
+from hangd.analysis.facts import job as job_facts
 from hangd.analysis.facts.stack import WAIT_VERDICTS
 from hangd.analysis.model import Local, Strength
 from hangd.analysis.thresholds import Thresholds
@@ -45,6 +46,9 @@ def decide(env: Env, jv: JobView) -> IncidentKind | None:
     if (waiting or away_waiting) and (others or away_other) and others <= jv.serving \
             and all(r.local == Local.SERVING for r in away_other):
         return None  # the ranks wait for ones that wait for requests (here or on other nodes): an idle server
+    if jv.quiet < th.hang_all_in_s and job_facts.every_rank_in_one_wait(jv, env.tracks, th.window_s)[0] \
+            and not _recorder_says_stalled(env, jv):
+        return None  # every rank is in the collective: slow, or stalled in the transport, not yet told
     if spinning and jv.quiet >= th.hang_gpu_s:
         return IncidentKind.NCCL_STALL
     # ranks blocked in a collective of an NCCL process group: an NCCL stall, whether or not their
@@ -67,6 +71,15 @@ def decide(env: Env, jv: JobView) -> IncidentKind | None:
     if io_stuck and jv.quiet >= th.hang_io_s:
         return IncidentKind.IO_STALL
     return None
+
+
+def _recorder_says_stalled(env: Env, jv: JobView) -> bool:
+    """A flight recorder's finding of this stall, or NCCL RAS counting ranks behind since the job
+    last progressed: the ranks' own record of their collectives, which their stacks cannot show."""
+    tr = jv.track
+    if any(_of_this_stall(tr, f, jv.last_progress, env) for f in tr.findings):
+        return True
+    return tr.ras is not None and bool(tr.ras[1]) and tr.ras[0] >= jv.last_progress - env.th.window_s
 
 
 def still_waiting(jv: JobView, tr: JobTrack, th: Thresholds) -> bool:
@@ -215,7 +228,7 @@ def _culprit(env: Env, jv: JobView) -> Culprit | None:
         # collective sequences diverged (a rank skipped one, or made one the others do not). Which
         # one did is not in the stacks (on NCCL the flight recorder says it): no rank is blamed
         if not others and not jv.remote_fresh and len(waiting) > 1:
-            sites = {p: site for p in waiting if (site := _collective_site(env, p)) is not None}
+            sites = {p: site for p in waiting if (site := _collective_site(env, p, p in jv.spinning)) is not None}
             if len(sites) == len(waiting) and len(set(sites.values())) > 1:
                 where = "; ".join(f"rank {job.ranks[p]} in {sites[p]}" for p in jv.by_rank(waiting))
                 said = f"every rank waits, in different collectives ({where}): their collective sequences diverged"
@@ -277,16 +290,19 @@ def _lines(sig: tuple[str, ...]) -> dict[str, int]:
     return out
 
 
-def _collective_site(env: Env, pid: int) -> str | None:
+def _collective_site(env: Env, pid: int, spins: bool = False) -> str | None:
     """Where its newest Python stack waits: the innermost torch.distributed call (``barrier``,
     ``all_reduce``...) or autograd's backward (DDP's all_reduce), with the caller's line; None when
     its stack is not in one (a native-only capture names no call site to compare)."""
     tp = env.tracks.get(pid)
-    if tp is None or tp.verdict.kind not in (*WAIT_VERDICTS, "backward"):
+    frames = list(tp.stack_sig) if tp is not None else []  # innermost first, "file:name:line"
+    # a stack no rule names a wait, innermost in torch.distributed (DDP's construction checking
+    # the parameters across ranks), is in a collective of its own for a rank whose GPU spins in one
+    if tp is None or tp.verdict.kind not in (*WAIT_VERDICTS, "backward") and not (
+            spins and frames and "torch/distributed/" in frames[0]):
         return None
-    frames = list(tp.stack_sig)  # innermost first, "file:name:line"
     for i, key in enumerate(frames):
-        if "torch/distributed/distributed_c10d.py:" in key or "torch/autograd/" in key:
+        if "torch/distributed/" in key or "torch/autograd/" in key:
             caller = next((f for f in frames[i + 1:] if not _in_torch(f)), "")
             name = key.split(":")[1]
             return f"{name} called from {caller.rsplit('/', 1)[-1]}" if caller else name

@@ -1,0 +1,73 @@
+"""Job facts: what the ranks of one job show together at one tick, over the job's view and each
+rank's last stack (plain records: no engine, no /proc)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from hangd.analysis.views import JobView, ProcTrack
+
+# Stack verdicts of a rank inside one of its job's collectives, or waiting for its GPU to finish
+# them (CUDA's synchronize after a queue of collectives).
+IN_COLLECTIVE = ("collective", "gpu_sync", "backward")
+# Where a collective's wait is entered: torch.distributed's calls, autograd's backward (DDP's
+# all-reduce), CUDA's synchronize.
+_WAIT_CALLS = ("torch/distributed/distributed_c10d.py:", "torch/autograd/", "torch/cuda/")
+
+
+def _in_torch(frame_key: str) -> bool:
+    return frame_key.startswith("torch/") or "/torch/" in frame_key
+
+
+def wait_site(tp: ProcTrack) -> str | None:
+    """Where its last Python stack waits on its job's collectives: the innermost torch call that
+    waits (``all_reduce``, ``barrier``, ``synchronize``, ``backward``) and the first caller outside
+    torch, with its line (``synchronize from matrix_job.py:warmup:583``); None when its stack is in
+    none (or names no Python frame)."""
+    if tp.verdict_t is None or tp.verdict.kind not in IN_COLLECTIVE:
+        return None
+    frames = list(tp.stack_sig)  # innermost first, "file:name:line"
+    for i, key in enumerate(frames):
+        if key.startswith(_WAIT_CALLS) or any(f"/{c}" in key for c in _WAIT_CALLS):
+            caller = next((f for f in frames[i + 1:] if not _in_torch(f)), "")
+            return f"{key.split(':')[1]} from {caller.rsplit('/', 1)[-1]}" if caller else key.split(":")[1]
+    return None
+
+
+def every_rank_in_one_wait(jv: JobView, tracks: Mapping[int, ProcTrack], within_s: float) -> tuple[bool, str]:
+    """Every rank of the job is here, runs, and waits at the same collective call site, on stacks
+    taken since the job last progressed (``within_s`` of slack): no rank is elsewhere, stopped,
+    gone or on another node, so none is the one the others wait for. Their collectives run (slowly:
+    many ranks over a socket transport, a queue of hundreds) or the transport itself stalls; the
+    stacks cannot tell which, so it is no evidence of a rank that holds the others up."""
+    job, live = jv.job, jv.live
+    if len(live) < 2 or job.spans_nodes or jv.remote or jv.track.exited or set(live) != set(job.ranks):
+        return False, ""
+    if job.world_size is not None and job.world_size != len(live):
+        return False, ""
+    if any(p not in jv.waiting for p in live):
+        return False, ""
+    sites: set[str] = set()
+    for p in live:
+        tp = tracks.get(p)
+        site = wait_site(tp) if tp is not None else None
+        if site is None or tp is None or tp.verdict_t is None or tp.verdict_t < jv.last_progress - within_s:
+            return False, ""
+        sites.add(site)
+    if len(sites) != 1:
+        return False, ""
+    return True, f"every rank of the job waits at the same call ({sites.pop()}): none is missing from it"
+
+
+def capture_logged_over(jv: JobView) -> tuple[float | None, str]:
+    """When a rank's own log last said its CUDA graph capture ended ("Capture cuda graph end"),
+    with no capture line after it, and which rank said so; None when none did. Tensor-parallel
+    ranks capture together, and often one of them logs it."""
+    best: tuple[float, int] | None = None
+    for p in jv.live:
+        ph = jv.sigs[p].log_phase
+        if ph is not None and ph[0] == "graph_capture_end" and (best is None or ph[1] > best[0]):
+            best = (ph[1], p)
+    if best is None:
+        return None, ""
+    return best[0], f"rank {jv.job.ranks.get(best[1], '?')}'s log said its CUDA graph capture ended"
