@@ -77,12 +77,17 @@ def busy_phase_stacks(env: Env, jv: JobView) -> None:
 
 def probe_collectives(env: Env, jv: JobView) -> None:
     """Ranks wait in a collective for ranks that do no work: an idle server whose collectives keep
-    completing (empty batches broadcast many times a second), or a hang in the making. A rank that
+    completing (empty batches broadcast many times a second), or a hang in the making; or every
+    rank waits in one, nothing else moving for ``stack_quiet_s``. A rank that
     waits spinning, on its GPU or its CPU, never wakes to show which: its flight recorder does. Its
     dumps are asked for every ``fr_probe_s`` while it is so (a dump does not stop the job)."""
     tr, t = jv.track, jv.t
     waiting = [p for p in jv.waiting if p in jv.live]
-    if tr.hung or not waiting or len(waiting) == len(jv.live) or jv.job.id in env.capturing_jobs:
+    if tr.hung or not waiting or jv.job.id in env.capturing_jobs:
+        return
+    # every rank in a collective and nothing else moves: slow collectives (many ranks over a socket
+    # transport, a queue of hundreds) or a stall; their recorders tell which (completed seqs rising)
+    if len(waiting) == len(jv.live) and (len(waiting) < 2 or jv.quiet < env.th.stack_quiet_s):
         return
     if any(not env.track(p).started for p in jv.live):
         return  # still starting: a server captures its CUDA graphs then, and the capture may begin any moment

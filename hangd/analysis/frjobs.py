@@ -46,9 +46,12 @@ def fr_arrived(an: Analyzer, snap: Snapshot, t: float) -> set[str]:
             waits_in = {e.pg for e in dump.entries if not e.completed} & set(dump.pg_status)
             old_done, new_done = _done(prev[1], waits_in), _done(dump, waits_in)
             if new_done > old_done:
-                # credit when the newest completed collective was issued, not when the dump came
+                # credit when the newest completed collective completed, as its recorder saw it (a queue
+                # of hundreds issued at once completes long after), else when it was issued; not when
+                # the dump came
+                ended = [e.time_completed_ns for e in dump.entries if e.completed and e.time_completed_ns]
                 created = [e.time_created_ns for e in dump.entries if e.completed and e.time_created_ns]
-                at = min(t, max(created) / 1e9) if created else prev[0] + 0.01
+                at = min(t, max(ended or created) / 1e9) if ended or created else prev[0] + 0.01
                 an.progress.credit(pid, at, f"flight recorder: completed collectives {old_done} -> {new_done}",
                                      strong=True, collectives_per_s=(new_done - old_done) / max(t - prev[0], 0.25))
             elif t > prev[0]:

@@ -46,6 +46,8 @@ class Entry:
     frames: list[dict[str, Any]]
     time_created_ns: int | None
     timeout_ms: int | None
+    # when its watchdog saw it complete (torch >= 2.3 records it; None before, or not completed)
+    time_completed_ns: int | None = None
 
     def numel(self) -> int | None:
         total = 0
@@ -186,6 +188,7 @@ def _entry(e: dict[Any, Any], pg_names: dict[str, str]) -> Entry:
                 for f in _list(e.get("frames")) if isinstance(f, dict)],
         time_created_ns=_int(e.get("time_created_ns")) or None,
         timeout_ms=_int(e.get("timeout_ms")),
+        time_completed_ns=_int(e.get("time_discovered_completed_ns")) or None,
     )
 
 

@@ -18,6 +18,8 @@ import pytest
 
 from hangd.analysis.nodeview import classify_log_lines
 from hangd.analysis.thresholds import Thresholds
+from hangd.flightrec.reader import Dump, Entry
+from hangd.snapshot import FrDump
 
 from .builders import ON_CPU, Node, P, torchrun_env
 
@@ -150,3 +152,77 @@ def test_a_capture_the_log_said_ended_is_not_what_a_wait_keeps():
     node2.run(6)
     assert {node2.state(r.pid) for r in ranks} <= {"busy", "waiting_peer"}, \
         [(node2.state(r.pid), node2.an._track(r.pid).reason) for r in ranks]
+
+
+def _probes(node: Node) -> list[tuple[float, list[int]]]:
+    """(tick, pids) of every flight-recorder probe the analysis asks for from now on."""
+    asked: list[tuple[float, list[int]]] = []
+    take = node.an.take_requests
+
+    def taking():  # type: ignore[no-untyped-def]
+        r = take()
+        if r.fr_probes:
+            asked.append((node.t, sorted(r.fr_probes)))
+        return r
+
+    node.an.take_requests = taking  # type: ignore[method-assign]
+    return asked
+
+
+def _warmup_dump(rank: int, world: int, done: int, at: float) -> Dump:
+    """A rank's dump in a warm-up: all_reduces #1..#done completed (5 a second, the last just now), the
+    rest of a queue of 300 in flight, all issued 30 s ago."""
+    entries = [Entry(record_id=s - 1, pg="0", pg_id=0, seq=s, p2p_seq=0, op="nccl:all_reduce",
+                     state="completed" if s <= done else "scheduled", completed=s <= done,
+                     input_sizes=[[64, 4096]], input_dtypes=["BFloat16"], output_sizes=[[64, 4096]], is_p2p=False,
+                     frames=[], time_created_ns=int((at - 30) * 1e9), timeout_ms=None,
+                     time_completed_ns=int((at - 0.2 * (done - s)) * 1e9) if s <= done else None)
+               for s in range(max(1, done - 40), 301)]
+    return Dump(rank=rank, version="2.10", encoding="pickle",
+                pg_config={"0": {"pg_id": "0", "desc": "default_pg", "ranks": list(range(world))}},
+                pg_status={"0": {"last_enqueued_collective": 300, "last_completed_collective": done}}, entries=entries)
+
+
+@pytest.mark.parametrize("world", [4, 8])
+def test_a_warm_up_longer_than_any_threshold_is_no_hang_while_its_recorders_see_collectives_complete(world: int):
+    """Every rank in CUDA's synchronize behind a queue of 300 all_reduces for 60 s, nothing else
+    moving: their flight recorders, asked every fr_probe_s once nothing else moves, show the
+    completed seqs rising (5 a second). No hang; once they stop rising, one after hang_gpu_s."""
+    node, ranks = _job(world)
+    for r in ranks:
+        r.look = "spin"
+    node.run(2)
+    for r in ranks:
+        node.stack(r.pid, SYNC, threads=NCCL)
+    asked = _probes(node)
+    done = 0
+    for _ in range(int(60 * node.hz)):
+        node.tick()
+        if asked and asked[-1][0] == node.t:  # the dumps asked for come at the next tick
+            done = min(300, done + 25)
+            for i, r in enumerate(ranks):
+                node.pending_fr.append(FrDump(pid=r.pid, rank=i, format="pickle", path=f"/fr/rank_{i}",
+                                              dump=_warmup_dump(i, world, done, node.t)))
+    assert node.kinds() == [], [(i.kind, i.summary) for i in node.an.incidents()]
+    assert {node.state(r.pid) for r in ranks} <= {"busy"}, [node.an._track(r.pid).reason for r in ranks]
+    node.run(TH.hang_gpu_s + 8)  # the dumps stop: the collectives stopped completing
+    assert node.kinds() == ["nccl_stall"], node.kinds()
+
+
+@pytest.mark.parametrize("world", [2, 8])
+def test_every_rank_at_one_call_is_probed_once_nothing_else_moves(world: int):
+    """The flight recorders are what tell a slow collective from a stuck one: asked of every rank
+    while all wait at one call and nothing moved for stack_quiet_s, again every fr_probe_s; never
+    of a job that may be capturing CUDA graphs (a dump invalidates a capture)."""
+    node, ranks = _job(world)
+    for r in ranks:
+        r.look = "spin"
+    node.run(1)
+    for r in ranks:
+        node.stack(r.pid, SYNC, threads=NCCL)
+    asked = _probes(node)
+    node.run(20)
+    assert asked, "no flight-recorder probe of a job whose every rank waits"
+    assert all(pids == [r.pid for r in ranks] for _, pids in asked), asked
+    gaps = [b[0] - a[0] for a, b in zip(asked, asked[1:], strict=False)]
+    assert all(g >= TH.fr_probe_s - 0.01 for g in gaps), asked
