@@ -3,13 +3,14 @@ ranks sharing the host's GPU(s) (each rank its own NCCL_HOSTID, set by tests/wor
 and this writes what hangd said about them: per job the rank-seconds in each state, the incidents
 opened (on healthy jobs every one is a false alarm) and `hangd status` at a few moments of each phase.
 
-    python scripts/gpu_live_wide.py OUTDIR [--device cuda|cpu] [--jobs serve8,train4,graph4,graph8]
+    python scripts/gpu_live_wide.py OUTDIR [--device cuda|cpu] [--jobs serve8,train4,fsdp8,graph4,graph8]
                                            [--world N] [--short]
 
 Jobs (tests/workloads/matrix_job.py, launched as scripts/matrix.py launches a cell):
   serve8  mpargv  warmup         8 ranks: a server's collective warm-up, then idle serving (killed)
   serve4  mpargv  warmup         4 ranks: the same (not in the default list)
   train4  torchrun train         4 ranks: DDP training with DataLoader workers, then a clean exit
+  fsdp8   torchrun train         8 ranks: FSDP2 (fully_shard) training, the same loop
   graph4  spawn   graph_capture  4 ranks: CUDA graphs captured over the batch sizes, replayed, exit
   graph8  parent  graph_capture  8 ranks: the same
 --device cpu (gloo) runs serve and train only (graph capture needs a GPU); --world N overrides the
@@ -49,6 +50,7 @@ JOBS: dict[str, tuple[str, str, int, float, bool, dict[str, str]]] = {
     "serve8": ("mpargv", "warmup", 8, 75.0, True, {"MATRIX_WARMUP_S": "15"}),
     "serve4": ("mpargv", "warmup", 4, 60.0, True, {"MATRIX_WARMUP_S": "15"}),
     "train4": ("torchrun", "train", 4, 90.0, False, {"MATRIX_PHASE_S": "25"}),
+    "fsdp8": ("torchrun", "train", 8, 90.0, False, {"MATRIX_PHASE_S": "20", "MATRIX_FSDP": "1"}),
     "graph4": ("spawn", "graph_capture", 4, 70.0, False, {"MATRIX_CAPTURE_S": "20", "MATRIX_PHASE_S": "20"}),
     "graph8": ("parent", "graph_capture", 8, 75.0, False, {"MATRIX_CAPTURE_S": "20", "MATRIX_PHASE_S": "20"}),
 }
@@ -351,7 +353,7 @@ def main() -> None:
         os.environ["MATRIX_DEVICE"] = "cuda"
     else:
         os.environ.pop("MATRIX_DEVICE", None)
-    names = [n for n in a.jobs.split(",") if n] or ([n for n in JOBS if n != "serve4"] if a.device == "cuda" else ["serve8", "train4"])
+    names = [n for n in a.jobs.split(",") if n] or ([n for n in JOBS if n != "serve4"] if a.device == "cuda" else ["serve8", "train4", "fsdp8"])
     work = Path(tempfile.mkdtemp(prefix="hangd-live-wide-"))
     port = a.port or free_port()
     listen = f"127.0.0.1:{port}"

@@ -231,15 +231,23 @@ BATCH = 8
 
 
 def train(seconds: float, fault: str = "none", how: str = "none", dl: bool = True) -> None:
-    """DDP training of a small model; the batches come from a DataLoader with 2 workers."""
+    """DDP (or, with MATRIX_FSDP=1, FSDP2) training of a small model; the batches come from a
+    DataLoader with 2 workers."""
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     dev = device()
     torch.manual_seed(0)
-    model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 1)).to(dev),
-                device_ids=[dev.index] if dev.type == "cuda" else None)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 1)).to(dev)
+    if os.environ.get("MATRIX_FSDP") == "1":  # FSDP2: parameters sharded, gathered per layer each step
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in (net[0], net[2]):
+            fully_shard(layer)
+        model: Any = fully_shard(net)
+    else:
+        model = DDP(net, device_ids=[dev.index] if dev.type == "cuda" else None)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     steps = int(seconds / 0.08)  # the same count on every rank: the loop is bounded by steps, not by time
     block_step = steps // 2 if fault == "dl_blocks" and RANK == CULPRIT else -1
