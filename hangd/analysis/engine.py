@@ -68,7 +68,8 @@ class Analyzer:
                                  timeline_kept=self.th.timeline_kept)
         self.progress = ProgressBook(self.th)
         self.tracks: dict[int, ProcTrack] = {}
-        self.job_tracks: dict[str, JobTrack] = {}
+        self.flight = frjobs.Flight(say=self._finding)  # the flight-recorder stage's records
+        self.job_tracks: dict[str, JobTrack] = self.flight.tracks
         self.job_defs: dict[str, Job] = {}
         self.changes: deque[StateChange] = deque(maxlen=self.th.max_changes_in_memory)
         self.findings: deque[dict[str, Any]] = deque(maxlen=self.th.max_findings_in_memory)
@@ -76,14 +77,9 @@ class Analyzer:
         self.capturing_jobs: set[str] = set()  # jobs that may be capturing CUDA graphs (asks.capturing): no dumps
         self.signals: dict[int, ProcSignals] = {}
         self.dropped: dict[str, int] = {"changes": 0, "findings": 0, "processes": 0, "jobs": 0}
-        self.unreadable = 0  # evidence files (flight-recorder dumps) that could not be decoded
         self._unattributed: dict[int, float] = {}
         # the ranks other nodes report for the jobs that span nodes (the newest a snapshot brought)
         self.remote: dict[str, list[RemoteRank]] = {}
-        # the flight-recorder dumps other nodes wrote of those jobs' ranks: job -> (node, rank) -> dump
-        self.remote_dumps: dict[str, dict[tuple[str, int], RemoteDump]] = {}
-        # dumps read here of ranks of jobs that span nodes, for the other nodes: (job, rank) -> (t, Dump)
-        self._fr_out: dict[tuple[str, int], tuple[float, Any]] = {}
         self.node_name: str | None = None  # this node's name in a fleet (it names ranks "rank 3 on node-b")
         self.last_t = 0.0  # the time of the newest snapshot
         self.env = Env(self.th, self.view, self.tracks, self.progress, self.book, node=lambda: self.node_name,
@@ -91,6 +87,16 @@ class Analyzer:
         self.book.who_of = lambda job: j.who if (j := self.job_defs.get(job)) is not None else None
 
     # ------------------------------------------------------------------ public surface
+
+    @property
+    def unreadable(self) -> int:
+        """Evidence files (flight-recorder dumps) that could not be decoded."""
+        return self.flight.unreadable
+
+    @property
+    def remote_dumps(self) -> dict[str, dict[tuple[str, int], RemoteDump]]:
+        """The flight-recorder dumps other nodes wrote of the ranks of jobs that span nodes."""
+        return self.flight.remote
 
     def step(self, snap: Snapshot) -> list[StateChange]:
         """Feed one snapshot; the state changes it caused."""
@@ -104,15 +110,15 @@ class Analyzer:
             for rr in snap.remote:
                 self.remote.setdefault(rr.job, []).append(rr)
         t = snap.t
-        fr_jobs = frjobs.remote_dumps_arrived(self, snap.remote_dumps) if snap.remote_dumps is not None else set()
+        fr_jobs = frjobs.remote_dumps_arrived(self.flight, snap.remote_dumps) if snap.remote_dumps is not None else set()
         for pid in self.view.new_stacks:
             self._stack_arrived(pid, t)
         if snap.fr_dumps:
-            fr_jobs |= frjobs.fr_arrived(self, snap, t)
+            fr_jobs |= frjobs.fr_arrived(self.env, self.flight, self.job_defs, snap, t)
         for job_id in sorted(fr_jobs):
-            frjobs.fr_analyze(self, job_id, t)
+            frjobs.fr_analyze(self.env, self.flight, self.job_defs, job_id, t)
         for r in snap.ras:
-            frjobs.ras_arrived(self, r, t)
+            frjobs.ras_arrived(self.env, self.flight, self.job_defs, r, t)
         if not snap.procs:
             return []
         out = self._evaluate(t)
@@ -133,7 +139,7 @@ class Analyzer:
     def take_fr_dumps(self) -> dict[tuple[str, int], tuple[float, Any]]:
         """The flight-recorder dumps read since the last call of ranks of jobs that span nodes,
         for a shared store: (job, rank) -> (when read, Dump); only a rank's newest."""
-        out, self._fr_out = self._fr_out, {}
+        out, self.flight.out = self.flight.out, {}
         return out
 
     def drain(self) -> list[Incident]:
@@ -527,8 +533,8 @@ class Analyzer:
                        and not any(k[0] == j for k in self.book.open)]:
             del self.job_tracks[job_id]
             self.dropped["jobs"] += 1
-        for key in [k for k in self._fr_out if k[0] not in self.job_tracks]:
-            del self._fr_out[key]
+        for key in [k for k in self.flight.out if k[0] not in self.job_tracks]:
+            del self.flight.out[key]
 
 
 # Stack kinds of a wait that is not for a peer: one of its own job (stackcat.OWN_WAIT_KINDS), or a sleep

@@ -413,7 +413,7 @@ def test_a_dump_of_a_job_that_still_progresses_does_not_say_a_rank_is_missing_or
     (job_id,) = node.an.job_defs
     tr = JobTrack()
     for kind in ("missing_rank", "stuck", "size_mismatch"):
-        frjobs.fr_finding(node.an, job_id, tr, Finding(kind=kind, pg="0", seq=3, op="all_reduce", ranks=[0, 1], message=kind,
+        frjobs.fr_finding(node.an.env, node.an.flight, node.an.job_defs, job_id, tr, Finding(kind=kind, pg="0", seq=3, op="all_reduce", ranks=[0, 1], message=kind,
                                                    sizes={0: [[4]], 1: [[8]]}), node.t)
     assert [f.kind for f in tr.findings] == ["size_mismatch"]
 
