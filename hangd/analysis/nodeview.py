@@ -168,52 +168,21 @@ class NodeView:
         self.gpu_marks: dict[int, dict[float, tuple[GpuSample, bool, bool, int | None]]] = {}
 
     def feed(self, snap: Snapshot) -> None:
+        """Take in one snapshot: its GPU readings, process readings and infos, files and stacks."""
         t = snap.t
         self.t = max(self.t, t)
         self.new_stacks = []
         self._kids, self._works, self.per_tick = None, {}, {}
         if snap.gpus:
-            self.gpu_of = {}
+            self._feed_gpus(snap.gpus, t)
             self.hw.feed(snap)
-        for g in snap.gpus:
-            dq = self.gpus.get(g.index)
-            if dq is None:
-                dq = self.gpus[g.index] = deque(maxlen=self.th.gpu_history_readings)
-            dq.append((t, g))
-            for gp in g.procs:
-                self.gpu_of.setdefault(gp.pid, {})[g.index] = gp.used
-                self.gpu_seen_at[gp.pid] = t
-            if not g.procs and g.mem_used is not None:
-                base = self.gpu_baseline.get(g.index)
-                self.gpu_baseline[g.index] = g.mem_used if base is None else min(base, g.mem_used)
         for info in snap.infos:
             h = self._proc(info.pid, t)
             h.info = info
             if h.first_ppid is None:
                 h.first_ppid = info.ppid
         for p in snap.procs:
-            if p.gone:
-                gone = self.procs.get(p.pid)
-                if gone is not None:  # a process never seen (or long forgotten) leaves no history
-                    gone.gone_at = gone.gone_at or t
-                continue
-            h = self._proc(p.pid, t)
-            h.gone_at = None
-            if h.first_ppid is None:
-                h.first_ppid = p.ppid
-            last = h.latest()
-            if last is not None and last.threads is not None and p.threads is not None and p.threads < last.threads:
-                h.threads_lost = (t, last.threads, p.threads)
-            vol = p.voluntary_ctxt_switches
-            if vol is None:
-                h.woke_at = None
-            elif h.woke_at is None or last is None or last.voluntary_ctxt_switches != vol:
-                h.woke_at = t
-            h.samples.append((t, p))
-            if p.state == "Z":
-                h.zombie_since = h.zombie_since or t
-            else:
-                h.zombie_since = None
+            self._feed_proc(p, t)
         for f in snap.files:
             self._file(f, t)
         if snap.stacks:
@@ -230,6 +199,46 @@ class NodeView:
             self._count_writers()
         self._trim_marks()
         self._trim(t)
+
+    def _feed_gpus(self, gpus: list[GpuSample], t: float) -> None:
+        """The GPUs' readings, which process holds memory on which GPU, each idle GPU's baseline."""
+        self.gpu_of = {}
+        for g in gpus:
+            dq = self.gpus.get(g.index)
+            if dq is None:
+                dq = self.gpus[g.index] = deque(maxlen=self.th.gpu_history_readings)
+            dq.append((t, g))
+            for gp in g.procs:
+                self.gpu_of.setdefault(gp.pid, {})[g.index] = gp.used
+                self.gpu_seen_at[gp.pid] = t
+            if not g.procs and g.mem_used is not None:
+                base = self.gpu_baseline.get(g.index)
+                self.gpu_baseline[g.index] = g.mem_used if base is None else min(base, g.mem_used)
+
+    def _feed_proc(self, p: ProcSample, t: float) -> None:
+        """One process's reading into its history: threads lost, when it last woke, zombie since."""
+        if p.gone:
+            gone = self.procs.get(p.pid)
+            if gone is not None:  # a process never seen (or long forgotten) leaves no history
+                gone.gone_at = gone.gone_at or t
+            return
+        h = self._proc(p.pid, t)
+        h.gone_at = None
+        if h.first_ppid is None:
+            h.first_ppid = p.ppid
+        last = h.latest()
+        if last is not None and last.threads is not None and p.threads is not None and p.threads < last.threads:
+            h.threads_lost = (t, last.threads, p.threads)
+        vol = p.voluntary_ctxt_switches
+        if vol is None:
+            h.woke_at = None
+        elif h.woke_at is None or last is None or last.voluntary_ctxt_switches != vol:
+            h.woke_at = t
+        h.samples.append((t, p))
+        if p.state == "Z":
+            h.zombie_since = h.zombie_since or t
+        else:
+            h.zombie_since = None
 
     def _count_writers(self) -> None:
         self.writers = {}

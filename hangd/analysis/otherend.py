@@ -99,39 +99,53 @@ def other_end(view: NodeView, pid: int) -> OtherEnd | None:
     siblings = {p for p, ph in view.procs.items() if p != pid and anc and (x := ph.latest()) is not None
                 and x.ppid == anc[0] and x.role != Role.WORKER}
     for w in waits:
-        others = [p for p in w.holders if p != pid and _live(view, p)]
-        if w.kind == "child":
-            kids = others or sorted(c for c in desc if view.procs[c].latest() and view.procs[c].latest().ppid == pid)  # type: ignore[union-attr]
-            if kids:
-                return OtherEnd(OWN_WORKER, f"the exit of its child pid {_pids(kids)}", tuple(kids), call,
-                                "the exit of its child")
-            continue
-        mine = [p for p in others if p in desc]
-        if mine:  # its own children first: a forked worker inherits its listening sockets too
-            chan = f"{_sock(w)} held by its {'child' if len(mine) == 1 else 'children'}"
-            return OtherEnd(OWN_WORKER, f"{chan} pid {_pids(mine)}", tuple(mine), call, chan)
-        peers = [p for p in others if p in ranks]
-        if peers:  # before any listener: every gloo or NCCL rank listens for its peers
-            return OtherEnd(PEER, f"{_sock(w)} to the rank pid {_pids(peers)}", tuple(peers), call)
-        # a process of no rank that listens for connections and feeds it through a pipe or a Unix
-        # socket: a front end passing requests on (a TCP connection to a listener is that
-        # listener's own service, such as the rendezvous store of its launcher)
-        fronts = [p for p in w.holders_listen if p in others and p not in desc] if w.kind != "tcp" else []
-        if fronts:
-            return OtherEnd(OUTSIDE, f"{_sock(w)} from pid {_pids(fronts)}, which listens for connections",
-                            tuple(fronts), call)
-        # a TCP connection to a service that its launcher (or another process of its job) listens
-        # for: torchrun's agent serves the rendezvous store every rank meets in
-        stores = [p for p in w.holders_listen if p in others and (p in anc or p in siblings)] if w.kind == "tcp" else []
-        if stores:
-            who = "its launcher" if stores[0] in anc else "a process of its job"
-            return OtherEnd(PEER, f"a TCP connection to the store {who} pid {_pids(stores)} serves for its ranks",
-                            tuple(stores), call, store=True)
-        job = [p for p in others if p in anc or p in siblings]
-        if job:
-            chan = f"{_sock(w)} held by {'its launcher' if job[0] in anc else 'a process of its job'}"
-            return OtherEnd(OWN_WORKER, f"{chan} pid {_pids(job)}", tuple(job), call, chan)
-    # no process of the job at any other end: a pipe only it holds, or input from elsewhere
+        end = _end_in_job(view, pid, w, call, desc, anc, ranks, siblings)
+        if end is not None:
+            return end
+    return _end_outside(pid, waits, call)
+
+
+def _end_in_job(view: NodeView, pid: int, w: FdWait, call: str, desc: set[int], anc: list[int],
+                ranks: set[int], siblings: set[int]) -> OtherEnd | None:
+    """The process of its job at the other end of one descriptor: its child, a worker of its own,
+    a peer rank, a front end, the store its launcher serves; None when no process of its job is."""
+    others = [p for p in w.holders if p != pid and _live(view, p)]
+    if w.kind == "child":
+        kids = others or sorted(c for c in desc if view.procs[c].latest() and view.procs[c].latest().ppid == pid)  # type: ignore[union-attr]
+        if kids:
+            return OtherEnd(OWN_WORKER, f"the exit of its child pid {_pids(kids)}", tuple(kids), call,
+                            "the exit of its child")
+        return None
+    mine = [p for p in others if p in desc]
+    if mine:  # its own children first: a forked worker inherits its listening sockets too
+        chan = f"{_sock(w)} held by its {'child' if len(mine) == 1 else 'children'}"
+        return OtherEnd(OWN_WORKER, f"{chan} pid {_pids(mine)}", tuple(mine), call, chan)
+    peers = [p for p in others if p in ranks]
+    if peers:  # before any listener: every gloo or NCCL rank listens for its peers
+        return OtherEnd(PEER, f"{_sock(w)} to the rank pid {_pids(peers)}", tuple(peers), call)
+    # a process of no rank that listens for connections and feeds it through a pipe or a Unix
+    # socket: a front end passing requests on (a TCP connection to a listener is that
+    # listener's own service, such as the rendezvous store of its launcher)
+    fronts = [p for p in w.holders_listen if p in others and p not in desc] if w.kind != "tcp" else []
+    if fronts:
+        return OtherEnd(OUTSIDE, f"{_sock(w)} from pid {_pids(fronts)}, which listens for connections",
+                        tuple(fronts), call)
+    # a TCP connection to a service that its launcher (or another process of its job) listens
+    # for: torchrun's agent serves the rendezvous store every rank meets in
+    stores = [p for p in w.holders_listen if p in others and (p in anc or p in siblings)] if w.kind == "tcp" else []
+    if stores:
+        who = "its launcher" if stores[0] in anc else "a process of its job"
+        return OtherEnd(PEER, f"a TCP connection to the store {who} pid {_pids(stores)} serves for its ranks",
+                        tuple(stores), call, store=True)
+    job = [p for p in others if p in anc or p in siblings]
+    if job:
+        chan = f"{_sock(w)} held by {'its launcher' if job[0] in anc else 'a process of its job'}"
+        return OtherEnd(OWN_WORKER, f"{chan} pid {_pids(job)}", tuple(job), call, chan)
+    return None
+
+
+def _end_outside(pid: int, waits: list[FdWait], call: str) -> OtherEnd | None:
+    """No process of its job at any other end: a pipe only it holds, or input from elsewhere."""
     ends = [w for w in waits if w.kind in ("pipe", "unix", "tcp")]
     if not ends or len(ends) < len(waits):
         return None  # an eventfd, a file, a descriptor that could not be read: not certain

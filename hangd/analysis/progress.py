@@ -94,34 +94,10 @@ class ProgressBook:
         # a rank whose main thread stays blocked (a collective, the store, an event) is not moving data for
         # the job: a side thread is (a flight-recorder dump importing modules and writing its file)
         blocked = last_wait in ("collective", "store", "lock_wait")
-        io = 0.0 if blocked else (s.read_per_s or 0) + (s.write_per_s or 0)
-        if io >= th.io_bytes_per_s:
-            if p.io_since is None:
-                p.io_since = t
-            # a short burst (a dump being written) is not progress of a hung job; sustained I/O is;
-            # credited when the bytes last moved (the rate is over the window before t)
-            at = t if s.io_last_at is None else min(t, s.io_last_at)
-            self.credit(pid, at, f"disk I/O {io / 1e6:.0f} MB/s", strong=t - p.io_since >= th.io_sustain_s)
+        if not blocked:
+            self._observe_io(pid, p, s, t)
         else:
             p.io_since = None
-        if not blocked and (s.io_long_per_s or 0) >= th.io_bytes_per_s and s.io_active_s >= th.io_sustained_s \
-                and s.io_last_at is not None:
-            # a slow reader reads in bursts with sleeps between: bytes read over a longer window,
-            # credited when they were last read
-            self.credit(pid, s.io_last_at, f"disk I/O {s.io_long_per_s / 1e6:.0f} MB/s over the last "  # type: ignore[operator]
-                        f"{th.io_window_s:.0f} s", strong=True)
-        if not blocked:
-            # bytes moving one way, whichever counter moves: a loader reading from the page cache
-            # raises rchar alone, a checkpoint writer wchar and write_bytes
-            for direction, verb in (("in", "read"), ("out", "wrote")):
-                if io_facts.moves(s, th, direction):
-                    rate = s.in_long_per_s if direction == "in" else s.out_long_per_s
-                    counter = s.in_counter if direction == "in" else s.out_counter
-                    # reads are credited when bytes last came in at a loader's rate, not at every tick
-                    # of the window after them
-                    at = t - s.in_quiet_s if direction == "in" and s.in_quiet_s is not None else t
-                    self.credit(pid, at, f"it {verb} {(rate or 0) / 1e6:.0f} MB/s over the last {th.io_window_s:.0f} s "
-                                f"({counter})", strong=True)
         if s.log_grew_at is not None and t - s.log_grew_at <= th.window_s:
             self.credit(pid, s.log_grew_at, "it wrote to its log", strong=True)
         if not s.gpu_indexes and not blocked and (s.rchar_per_s or 0) + (s.wchar_per_s or 0) >= th.socket_char_per_s and \
@@ -145,6 +121,37 @@ class ProgressBook:
             # blocked in a collective, yet its main thread keeps waking: the collectives complete
             self.credit(pid, t, f"its collectives keep completing (main thread woke {s.wakes_per_s:.0f} times a second)",
                         strong=False)
+
+    def _observe_io(self, pid: int, p: Progress, s: ProcSignals, t: float) -> None:
+        """Credit bytes it moved through disk or any I/O counter (its main thread not blocked)."""
+        th = self.th
+        io = (s.read_per_s or 0) + (s.write_per_s or 0)
+        if io >= th.io_bytes_per_s:
+            if p.io_since is None:
+                p.io_since = t
+            # a short burst (a dump being written) is not progress of a hung job; sustained I/O is;
+            # credited when the bytes last moved (the rate is over the window before t)
+            at = t if s.io_last_at is None else min(t, s.io_last_at)
+            self.credit(pid, at, f"disk I/O {io / 1e6:.0f} MB/s", strong=t - p.io_since >= th.io_sustain_s)
+        else:
+            p.io_since = None
+        if (s.io_long_per_s or 0) >= th.io_bytes_per_s and s.io_active_s >= th.io_sustained_s \
+                and s.io_last_at is not None:
+            # a slow reader reads in bursts with sleeps between: bytes read over a longer window,
+            # credited when they were last read
+            self.credit(pid, s.io_last_at, f"disk I/O {s.io_long_per_s / 1e6:.0f} MB/s over the last "  # type: ignore[operator]
+                        f"{th.io_window_s:.0f} s", strong=True)
+        # bytes moving one way, whichever counter moves: a loader reading from the page cache
+        # raises rchar alone, a checkpoint writer wchar and write_bytes
+        for direction, verb in (("in", "read"), ("out", "wrote")):
+            if io_facts.moves(s, th, direction):
+                rate = s.in_long_per_s if direction == "in" else s.out_long_per_s
+                counter = s.in_counter if direction == "in" else s.out_counter
+                # reads are credited when bytes last came in at a loader's rate, not at every tick
+                # of the window after them
+                at = t - s.in_quiet_s if direction == "in" and s.in_quiet_s is not None else t
+                self.credit(pid, at, f"it {verb} {(rate or 0) / 1e6:.0f} MB/s over the last {th.io_window_s:.0f} s "
+                            f"({counter})", strong=True)
 
     def job_last(self, pids: list[int]) -> tuple[float | None, float | None]:
         """(last progress of any kind, last strong progress) over ``pids``."""

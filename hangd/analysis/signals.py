@@ -262,6 +262,7 @@ def _used_by(pid: int, samples: list[GpuSample]) -> list[int]:
 
 
 def proc_signals(view: NodeView, pid: int, t: float, th: Thresholds) -> ProcSignals:
+    """One process's signals at ``t``: its CPU, I/O and memory over the window, its GPU's, its logs'."""
     h = view.procs[pid]
     start = h.first_seen
     latest = h.latest()
@@ -270,72 +271,88 @@ def proc_signals(view: NodeView, pid: int, t: float, th: Thresholds) -> ProcSign
     sig = ProcSignals(pid=pid, age_s=t - start)
     # one walk back through the history for the widest window; the narrower ones are its tails
     wide = view.proc_window(pid, t, max(th.window_s, th.io_window_s, th.wake_window_s))
-    win = _tail(wide, t, th.window_s)
     if latest is not None:
         sig.state, sig.wchan, sig.rss, sig.threads = latest.state, latest.wchan, latest.rss_bytes, latest.threads
-    if len(win) >= 2:
-        (t0, a), (t1, b) = win[0], win[-1]
-        dt = max(t1 - t0, 1e-3)
-        cpu_s = b.cpu_seconds_between(a)
-        if cpu_s is not None:
-            sig.cpu_cores = cpu_s / dt
-        if a.io and b.io:
-            for key, attr in (("read_bytes", "read_per_s"), ("write_bytes", "write_per_s"),
-                              ("rchar", "rchar_per_s"), ("wchar", "wchar_per_s")):
-                if key in a.io and key in b.io:
-                    setattr(sig, attr, max(0, b.io[key] - a.io[key]) / dt)
-        if a.rss_bytes is not None and b.rss_bytes is not None:
-            sig.rss_change = b.rss_bytes - a.rss_bytes
-        ds = [p.state == "D" or (p.thread_states or {}).get("D", 0) > 0 for _, p in win[1:]]
-        sig.d_fraction = sum(ds) / len(ds) if ds else 0.0
-        rs = [p.state == "R" for _, p in win]
-        sig.r_fraction = sum(rs) / len(rs)
+    _window_signals(sig, _tail(wide, t, th.window_s))
     gpus = view.gpu_of.get(pid, {})
     if gpus and t - view.gpu_seen_at.get(pid, -1e9) < th.gpu_seen_s:
-        sig.gpu_indexes = sorted(gpus)
-        sig.gpu_mem = sum(v or 0 for v in gpus.values())
-        main = max(gpus, key=lambda i: gpus[i] or 0)
-        gw, sig.gpu, sig.gpu_work_at, sig.gpu_unseen, sig.gpu_shared = _gpu_window(view, main, t, th)
-        sig.gpu_sm_named = any(u.get("pid") == pid and (u.get("sm") or 0) > 0 for g in gw for u in g.proc_util or [])
-        if sig.gpu_shared and not _uses_gpu(pid, _named_window(view, main, t, th, gw)):
-            sig.gpu = GpuSignals(util=0.0, has_gpm=sig.gpu.has_gpm, power_w=sig.gpu.power_w)
-            sig.gpu_work_at = None
-            sig.gpu_shared_idle = True
-        used = _used_by(pid, gw)
-        prev = _used_by(pid, view.gpu_window(main, t - th.window_s, 1.0))
-        if used and prev:
-            sig.gpu_mem_change = used[-1] - prev[-1]
-            sig.gpu_mem_rate = sig.gpu_mem_change / th.window_s
-            # the window before: growth that lasts two windows is sustained
-            pb = _used_by(pid, view.gpu_window(main, t - 2 * th.window_s, 1.0))
-            if pb:
-                sig.gpu_mem_rate_before = (prev[-1] - pb[-1]) / th.window_s
-        elif len(used) >= 2:
-            sig.gpu_mem_change = used[-1] - used[0]
-            sig.gpu_mem_rate = sig.gpu_mem_change / th.window_s
+        _gpu_signals_of(sig, view, pid, gpus, t, th)
     if h.info:
-        for target in h.logs():
-            fs = view.files.get(target)
-            if fs is None or fs.grew_at is None:
-                continue
-            # A log grew: this process's progress only if it wrote it. Its write counter (wchar)
-            # must have moved over the same interval; a log several processes share (torchrun's
-            # combined stdout, nohup.out) may have grown because someone else wrote.
-            mine = _wrote_around(h, fs.grew_at, 2 * th.window_s)
-            if mine is None:  # no I/O counters: a log it alone writes is its own
-                mine = view.writers.get(target, 0) <= 1
-            if mine:
-                if sig.log_grew_at is None or fs.grew_at > sig.log_grew_at:
-                    sig.log_grew_at = fs.grew_at
-                sig.log_kinds |= {k for k, at in fs.kinds_at.items() if t - at <= th.log_recent_s}
-                for k, at in fs.kinds_at.items():
-                    if sig.log_phase is None or at > sig.log_phase[1]:
-                        sig.log_phase = (k, at)
-            elif sig.log_grew_shared_at is None or fs.grew_at > sig.log_grew_shared_at:
-                sig.log_grew_shared_at = fs.grew_at
+        _log_signals(sig, view, h, t, th)
     sig.compile_children = view.compile_children.get(pid, 0)
     _long_signals(sig, h, th, t, wide)
     return sig
+
+
+def _window_signals(sig: ProcSignals, win: list[tuple[float, ProcSample]]) -> None:
+    """CPU, I/O rates, memory change and the D and R shares over the window's readings."""
+    if len(win) < 2:
+        return
+    (t0, a), (t1, b) = win[0], win[-1]
+    dt = max(t1 - t0, 1e-3)
+    cpu_s = b.cpu_seconds_between(a)
+    if cpu_s is not None:
+        sig.cpu_cores = cpu_s / dt
+    if a.io and b.io:
+        for key, attr in (("read_bytes", "read_per_s"), ("write_bytes", "write_per_s"),
+                          ("rchar", "rchar_per_s"), ("wchar", "wchar_per_s")):
+            if key in a.io and key in b.io:
+                setattr(sig, attr, max(0, b.io[key] - a.io[key]) / dt)
+    if a.rss_bytes is not None and b.rss_bytes is not None:
+        sig.rss_change = b.rss_bytes - a.rss_bytes
+    ds = [p.state == "D" or (p.thread_states or {}).get("D", 0) > 0 for _, p in win[1:]]
+    sig.d_fraction = sum(ds) / len(ds) if ds else 0.0
+    rs = [p.state == "R" for _, p in win]
+    sig.r_fraction = sum(rs) / len(rs)
+
+
+def _gpu_signals_of(sig: ProcSignals, view: NodeView, pid: int, gpus: dict[int, int | None], t: float,
+                    th: Thresholds) -> None:
+    """Its GPU's signals (the one it holds most memory on) and its own memory's change there."""
+    sig.gpu_indexes = sorted(gpus)
+    sig.gpu_mem = sum(v or 0 for v in gpus.values())
+    main = max(gpus, key=lambda i: gpus[i] or 0)
+    gw, sig.gpu, sig.gpu_work_at, sig.gpu_unseen, sig.gpu_shared = _gpu_window(view, main, t, th)
+    sig.gpu_sm_named = any(u.get("pid") == pid and (u.get("sm") or 0) > 0 for g in gw for u in g.proc_util or [])
+    if sig.gpu_shared and not _uses_gpu(pid, _named_window(view, main, t, th, gw)):
+        sig.gpu = GpuSignals(util=0.0, has_gpm=sig.gpu.has_gpm, power_w=sig.gpu.power_w)
+        sig.gpu_work_at = None
+        sig.gpu_shared_idle = True
+    used = _used_by(pid, gw)
+    prev = _used_by(pid, view.gpu_window(main, t - th.window_s, 1.0))
+    if used and prev:
+        sig.gpu_mem_change = used[-1] - prev[-1]
+        sig.gpu_mem_rate = sig.gpu_mem_change / th.window_s
+        # the window before: growth that lasts two windows is sustained
+        pb = _used_by(pid, view.gpu_window(main, t - 2 * th.window_s, 1.0))
+        if pb:
+            sig.gpu_mem_rate_before = (prev[-1] - pb[-1]) / th.window_s
+    elif len(used) >= 2:
+        sig.gpu_mem_change = used[-1] - used[0]
+        sig.gpu_mem_rate = sig.gpu_mem_change / th.window_s
+
+
+def _log_signals(sig: ProcSignals, view: NodeView, h: ProcHistory, t: float, th: Thresholds) -> None:
+    """When a log it writes last grew (its own, or one it shares), and what the log said lately."""
+    for target in h.logs():
+        fs = view.files.get(target)
+        if fs is None or fs.grew_at is None:
+            continue
+        # A log grew: this process's progress only if it wrote it. Its write counter (wchar)
+        # must have moved over the same interval; a log several processes share (torchrun's
+        # combined stdout, nohup.out) may have grown because someone else wrote.
+        mine = _wrote_around(h, fs.grew_at, 2 * th.window_s)
+        if mine is None:  # no I/O counters: a log it alone writes is its own
+            mine = view.writers.get(target, 0) <= 1
+        if mine:
+            if sig.log_grew_at is None or fs.grew_at > sig.log_grew_at:
+                sig.log_grew_at = fs.grew_at
+            sig.log_kinds |= {k for k, at in fs.kinds_at.items() if t - at <= th.log_recent_s}
+            for k, at in fs.kinds_at.items():
+                if sig.log_phase is None or at > sig.log_phase[1]:
+                    sig.log_phase = (k, at)
+        elif sig.log_grew_shared_at is None or fs.grew_at > sig.log_grew_shared_at:
+            sig.log_grew_shared_at = fs.grew_at
 
 
 def _gpu_window(view: NodeView, index: int, t: float, th: Thresholds

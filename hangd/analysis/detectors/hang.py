@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hangd.analysis import hardware, otherend, report, stackcat
+from hangd.analysis import gpucause, otherend, report, stackcat
 from hangd.analysis.detectors import Env
 from hangd.analysis.facts import job as job_facts
 from hangd.analysis.facts.stack import WAIT_VERDICTS
@@ -352,10 +352,9 @@ def _fleet(env: Env, jv: JobView, inc: Incident, parts: list[str], local_culprit
     inc.ranks = sorted({*inc.ranks, *(r.rank for r in jv.remote if r.rank is not None)})
 
 
-def fill(env: Env, jv: JobView, inc: object) -> None:
-    assert isinstance(inc, Incident)
+def _culprits(env: Env, jv: JobView) -> tuple[list[int], list[Any]]:
+    """The job's culprits: its ranks here (pids), and those on other nodes (their reports)."""
     job, tr = jv.job, jv.track
-    tr.waiters |= jv.waiting
     new = _culprit(env, jv)
     alive = set(jv.live) | set(tr.exited)
     if new is not None and (tr.culprit is None or new.strength >= tr.culprit.strength
@@ -372,11 +371,12 @@ def fill(env: Env, jv: JobView, inc: object) -> None:
     by_fr = tr.culprit is not None and tr.culprit.strength >= Strength.FLIGHT_RECORDER
     remote_culprits = [fresh[(r.node, r.rank)] for r in (tr.culprit.remote if tr.culprit else [])
                        if (r.node, r.rank) in fresh and (fresh[(r.node, r.rank)].waits is False or by_fr)]
-    inc.pids = list(job.pids)
-    inc.ranks = [job.ranks[p] for p in job.pids]
-    inc.culprit_pids = culprits
-    inc.culprit_ranks = [job.ranks[p] for p in culprits] + [r.rank for r in remote_culprits if r.rank is not None]
-    readings = jv.readings
+    return culprits, remote_culprits
+
+
+def _who_words(env: Env, jv: JobView, inc: Incident, culprits: list[int], remote_culprits: list[Any]) -> list[str]:
+    """The summary's sentences on who: the culprits and what they do, the ranks that wait on them."""
+    job, tr, readings = jv.job, jv.track, jv.readings
     waiters = jv.by_rank({p for p in tr.waiters if p in jv.live} - set(culprits))
     parts = []
     here = f" on {env.node()}" if job.spans_nodes and env.node() else ""  # ranks of a job on several nodes say where
@@ -401,6 +401,12 @@ def fill(env: Env, jv: JobView, inc: object) -> None:
         parts.append(f"no rank has progressed for {jv.quiet:.0f} s")
     if tr.culprit is not None and (tr.culprit.basis == "diverged" or not tr.culprit.pids and not tr.culprit.remote):
         parts.append(tr.culprit.source)  # what the evidence says of diverged collectives, a rank blamed or none
+    return parts
+
+
+def _culprit_details(env: Env, jv: JobView, inc: Incident, culprits: list[int]) -> list[str]:
+    """Per culprit: its stack, a wait nothing ends, a thread it lost."""
+    job, parts = jv.job, []
     for p in culprits:
         st = report.stack_brief(env.view, env.tracks.get(p), p)
         if st and st["frames"]:
@@ -412,6 +418,20 @@ def fill(env: Env, jv: JobView, inc: object) -> None:
         if s is not None and s.threads_lost_at is not None and s.threads_lost_at >= (inc.hang_started_at or jv.t) - env.th.exception_lookback_s:
             parts.append(f"rank {job.ranks[p]} lost a thread at {report.clock(s.threads_lost_at)} "
                          f"({s.threads_before} -> {s.threads_after} threads)")
+    return parts
+
+
+def fill(env: Env, jv: JobView, inc: object) -> None:
+    """The incident's people, summary, evidence and next step, from the job as it is now."""
+    assert isinstance(inc, Incident)
+    job, tr = jv.job, jv.track
+    tr.waiters |= jv.waiting
+    culprits, remote_culprits = _culprits(env, jv)
+    inc.pids = list(job.pids)
+    inc.ranks = [job.ranks[p] for p in job.pids]
+    inc.culprit_pids = culprits
+    inc.culprit_ranks = [job.ranks[p] for p in culprits] + [r.rank for r in remote_culprits if r.rank is not None]
+    parts = _who_words(env, jv, inc, culprits, remote_culprits) + _culprit_details(env, jv, inc, culprits)
     # the newest: one of an earlier hang of the job names who was missing then
     missing = next((f for f in reversed(tr.findings) if f.kind == FindingKind.MISSING_RANK
                     and _of_this_stall(tr, f, jv.last_progress, env)), None)
@@ -422,7 +442,7 @@ def fill(env: Env, jv: JobView, inc: object) -> None:
         parts.insert(0, "Probable cause, from " + report.quote_exception(exc[-1]))
     inc.evidence = report.evidence(env.view, env.tracks, job, jv.sigs, jv.quiet)
     stalled = inc.hang_started_at if inc.hang_started_at is not None else jv.last_progress
-    hw_parts, hw_ev = hardware.hang(env.view, jv, stalled, {p: tr.stopped_at.get(p) or env.progress.of(p).last or stalled
+    hw_parts, hw_ev = gpucause.hang(env.view, jv, stalled, {p: tr.stopped_at.get(p) or env.progress.of(p).last or stalled
                                                             for p in job.pids})
     parts[:0] = hw_parts  # the hardware's word on the GPU first: it outranks what the ranks do
     if hw_ev:

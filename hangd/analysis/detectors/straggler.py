@@ -5,7 +5,7 @@ in the making, not a straggler."""
 
 from __future__ import annotations
 
-from hangd.analysis import hardware
+from hangd.analysis import gpucause
 from hangd.analysis.detectors import Env
 from hangd.analysis.model import Local
 from hangd.analysis.views import JobTrack, JobView
@@ -63,7 +63,7 @@ def step(env: Env, jv: JobView) -> None:
                        f"of the last {th.straggler_window_s:.0f} s while the job still progressed")
         inc.evidence = {"wait_seconds_by_rank": {str(job.ranks[p]): n for p, n in blamed.items()},
                         "culprit": {str(job.ranks[p]): jv.readings[p].why for p in worst if p in jv.readings}}
-        hw_parts, hw_ev = hardware.straggler(env.view, jv, order, th.straggler_window_s)
+        hw_parts, hw_ev = gpucause.straggler(env.view, jv, order, th.straggler_window_s)
         if hw_parts:
             inc.summary += ". " + ". ".join(hw_parts)
         if hw_ev:
