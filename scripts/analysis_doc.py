@@ -21,17 +21,16 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from hangd.analysis import rankstate  # noqa: E402
-from hangd.analysis.facts import Fact  # noqa: E402
 
 DOC = ROOT / "docs" / "analysis.md"
 
 
-def fact_name(f: Fact) -> str:
+def fact_name(f: Callable[..., bool]) -> str:
     """``family.name``: the fact's module under facts/ and its function."""
     return f"{f.__module__.rsplit('.', 1)[-1]}.{f.__name__}"
 
 
-def _cell(facts: tuple[Fact, ...]) -> str:
+def _cell(facts: tuple[Callable[..., bool], ...]) -> str:
     return ", ".join(f"`{fact_name(f)}`" for f in facts) or "-"
 
 
@@ -48,9 +47,12 @@ def _says(f: Callable[..., bool]) -> str:
 
 
 def facts_table() -> str:
-    seen: dict[str, Fact] = {}
+    seen: dict[str, Callable[..., bool]] = {}
     for row in rankstate.READING:
         for f in (*row.all, *row.any, *row.none):
+            seen.setdefault(fact_name(f), f)
+    for srow in rankstate.TABLE:
+        for f in (*srow.all, *srow.none):
             seen.setdefault(fact_name(f), f)
     out = ["| fact | says |", "| --- | --- |"]
     out += [f"| `{name}` | {_says(f)} |" for name, f in sorted(seen.items())]
@@ -58,8 +60,9 @@ def facts_table() -> str:
 
 
 def state_table() -> str:
-    out = ["| # | rule | when | state |", "| --- | --- | --- | --- |"]
-    out += [f"| {i} | {r.rule} | {r.when} | {r.state} |" for i, r in enumerate(rankstate.TABLE, 1)]
+    out = ["| # | rule | all of | none of | state | when, in words |", "| --- | --- | --- | --- | --- | --- |"]
+    out += [f"| {i} | {r.rule} | {_cell(r.all)} | {_cell(r.none)} | {r.state} | {r.when} |"
+            for i, r in enumerate(rankstate.TABLE, 1)]
     return "\n".join(out)
 
 
