@@ -41,7 +41,7 @@ STOP_COMMS = frozenset({
     "pytest", "make", "code", "node", "supervisord",
 })
 MAX_ANCESTORS = 3
-EXEC_GRACE_S = 3.0
+EXEC_GRACE_S = 3.0  # a process this young (by its start time) may still be between fork and exec
 EXEC_REREAD_S = 0.9  # ... and how often in it: at the default tick (1 s) every tick, at faster ticks no more
 THREADS_EVERY_S = 5.0
 QUIET_REFRESH_S = 10.0
@@ -62,6 +62,12 @@ DIST_SCAN_FOR_S = 600.0  # look for such threads in a young process this long af
 ARGV_RANK = re.compile(rb"(?:^|\0)--(?:local[-_]|tp[-_])?rank(?:=|\0)(\d+)(?:\0|$)")
 SPAWN_CHILD = (b"from multiprocessing.spawn import spawn_main", b"from multiprocessing.forkserver import main")
 SPAWN_HINT_S = 60.0
+# The listing of /proc (every pid of the host) is skipped while no process was created since the
+# last one: /proc/loadavg's last field is the pid the kernel handed out last, in the reader's pid
+# namespace, which a fork (in any namespace below it too) always moves. Read only where that
+# namespace is the one /proc shows (its NSpid names one pid); the listing still runs this often,
+# so that the processes that exited unwatched are forgotten.
+LIST_ALL_EVERY_S = 10.0
 HINTED_SCAN_EVERY_S = 1.0  # how often a process taken for a rank-to-be is looked at for its threads
 DIST_COMMS = ("python", "pt_main_thread", "pt_", "sglang", "vllm", "Vllm")  # names of processes that may run them
 
@@ -72,6 +78,7 @@ class _Known:
     comm: str
     start_ticks: int
     seen: float = 0.0  # monotonic time hangd first saw it
+    young_until: float = 0.0  # monotonic time it is EXEC_GRACE_S old (by its own start time)
     launch_read: float = -1e18  # when its command line and environment were last read (EXEC_GRACE_S)
     job_env: bool = False
     rank: str | None = None  # RANK from its environment, to tell a rank from its children
@@ -109,6 +116,9 @@ class ProcSource:
     # pid -> (stat key, when everything was last read, last reading, when status and io were last read)
     _last: dict[int, tuple[tuple[object, ...], float, ProcSample, float]] = field(default_factory=dict)
     _fd_waits: FdWaits | None = None
+    _cursor_ok: bool | None = None  # /proc/loadavg's last pid is of the namespace /proc shows
+    _cursor: int | None = None  # ... as it was when /proc was last listed
+    _listed_at: float = -1e18
 
     @property
     def _job_env_b(self) -> tuple[bytes, ...]:
@@ -130,27 +140,40 @@ class ProcSource:
                 self._btime = 0.0
         return self._btime
 
-    def _discover(self) -> set[int]:
+    def _last_pid(self) -> int | None:
+        """The pid the kernel handed out last (see LIST_ALL_EVERY_S); None where it cannot be told."""
+        if self._cursor_ok is None:
+            status = _read(os.path.join(self.proc_root, "self", "status")) or ""
+            nspid = next((line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), [])
+            self._cursor_ok = len(nspid) == 1
+        if not self._cursor_ok:
+            return None
+        text = _read(os.path.join(self.proc_root, "loadavg")) or ""
+        last = text.rsplit(None, 1)[-1] if text.strip() else ""
+        return int(last) if last.isdigit() else None
+
+    def _list(self, now: float) -> set[int] | None:
+        """Every pid of the host; None when no process was created since the last listing."""
+        cursor = self._last_pid()  # before the listing: a fork during it shows at the next tick
+        if cursor is not None and cursor == self._cursor and now - self._listed_at < LIST_ALL_EVERY_S:
+            return None
         try:
             pids = {int(d) for d in os.listdir(self.proc_root) if d.isdigit()}
         except OSError as e:
             raise Unavailable(f"cannot list {self.proc_root}: {e}", "HINT: is /proc mounted?") from e
-        for gone in (set(self._known) | set(self._last)) - pids:
-            self._forget(gone)
+        self._cursor, self._listed_at = cursor, now
+        return pids
+
+    def _discover(self) -> None:
         now = time.monotonic()
-        for pid in pids - set(self._known):
-            st = parse_stat(_read_bytes(self._p(pid, "stat"), small=True) or b"")
-            if st is None:
-                continue
-            k = _Known(ppid=int(st["ppid"]), comm=str(st["comm"]), start_ticks=int(st["starttime_ticks"]),  # type: ignore[call-overload]
-                       seen=now)
-            self._read_env(pid, k)
-            self._known[pid] = k
+        pids = self._list(now)
+        if pids is not None:
+            self._take_listing(pids, now)
         # A process caught between fork and exec still shows its parent's environment and command
         # line: look again while it is young (cheap: only processes first seen in the last few
         # seconds; after every new one is known, so that a child can be told from its parent).
         for pid, k in self._known.items():
-            if now - k.seen < EXEC_GRACE_S and now - k.launch_read >= EXEC_REREAD_S:
+            if now < k.young_until and now - k.launch_read >= EXEC_REREAD_S:
                 k.launch_read = now
                 if not k.job_env:
                     self._read_env(pid, k)
@@ -161,7 +184,23 @@ class ProcSource:
                     and (now - k.dist_scanned >= DIST_SCAN_EVERY_S or self._hinted(k)) and not self._inherits_rank(k):
                 k.dist_scanned = now
                 k.dist_threads = self._dist_threads(pid, k.dist_tids)
-        return pids
+
+    def _take_listing(self, pids: set[int], now: float) -> None:
+        """Forget the processes gone from the listing; read the new ones' stat and environment."""
+        for gone in (set(self._known) | set(self._last)) - pids:
+            self._forget(gone)
+        wall = time.time()
+        for pid in pids - set(self._known):
+            st = parse_stat(_read_bytes(self._p(pid, "stat"), small=True) or b"")
+            if st is None:
+                continue
+            k = _Known(ppid=int(st["ppid"]), comm=str(st["comm"]), start_ticks=int(st["starttime_ticks"]),  # type: ignore[call-overload]
+                       seen=now)
+            # young by its own start: what ran before hangd started is long past its exec
+            age = wall - self.boot_time() - k.start_ticks / CLK_TCK if self.boot_time() else 0.0
+            k.young_until = now + max(0.0, EXEC_GRACE_S - age)
+            self._read_env(pid, k)
+            self._known[pid] = k
 
     def _read_launch(self, pid: int, k: _Known) -> None:
         """How it was started (see ARGV_RANK, SPAWN_CHILD): its command line, and for a spawned

@@ -359,3 +359,60 @@ def test_a_small_file_read_in_one_go_is_still_read_whole_when_it_comes_a_page_at
     got = _read_bytes(path, small=True)
     w.join()
     assert got == first + second
+
+
+def test_a_process_started_between_ticks_is_found_at_the_next_and_one_gone_is_said_gone(monkeypatch):
+    """/proc is listed again only when a process was created since the last listing (/proc/loadavg's
+    last pid moved): whatever starts between two ticks is still watched at the next, and whatever
+    exits is reported gone, however the listing is spared."""
+    import hangd.sources.procfs as procfs
+
+    listings = []
+    real = os.listdir
+    monkeypatch.setattr(procfs.os, "listdir",
+                        lambda p: listings.append(p) or real(p) if p == "/proc" else real(p))
+    src = ProcSource(job_env=("HANGD_TEST_LIST_JOB",))
+    collect(src)
+    collect(src)  # nothing new in between (on a quiet host): the listing may be spared
+    before = len(listings)
+    env = dict(os.environ, HANGD_TEST_LIST_JOB="1")
+    for gen in range(3):  # several in a row: each found at the first tick after it started
+        p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+        try:
+            time.sleep(0.05)
+            assert p.pid in src.watched(set()), f"process {gen} started between ticks was not found"
+        finally:
+            p.kill()
+            p.wait()
+        snap = collect(src)
+        gone = sample_of(snap, p.pid)
+        assert gone is not None and gone.gone
+        assert p.pid not in src.watched(set())
+    assert len(listings) > before  # each new process was found by listing again
+
+
+def test_the_listing_is_spared_only_while_the_last_pid_stands_still(monkeypatch):
+    import hangd.sources.procfs as procfs
+
+    src = ProcSource(job_env=("HANGD_TEST_LIST_JOB",))
+    last = [1000]
+    monkeypatch.setattr(src, "_last_pid", lambda: last[0])
+    now = 50.0
+    assert src._list(now) is not None  # the first tick lists
+    assert src._list(now + 1) is None  # nothing created since
+    last[0] += 1  # a fork (or a thread) anywhere in the namespace
+    assert src._list(now + 2) is not None
+    assert src._list(now + 2 + procfs.LIST_ALL_EVERY_S) is not None  # and now and then regardless
+    monkeypatch.setattr(src, "_last_pid", lambda: None)  # a /proc of another namespace: every tick
+    assert src._list(now + 30) is not None and src._list(now + 30) is not None
+
+
+def test_the_last_pid_is_read_where_proc_shows_its_own_namespace():
+    src = ProcSource()
+    nspid = [line for line in Path("/proc/self/status").read_text().splitlines() if line.startswith("NSpid:")]
+    got = src._last_pid()
+    if nspid and len(nspid[0].split()) == 2:
+        assert isinstance(got, int) and got > 0
+    else:  # a nested namespace (or an old kernel): not trusted
+        assert got is None
+    assert ProcSource(proc_root="/nonexistent")._last_pid() is None
