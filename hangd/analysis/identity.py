@@ -284,10 +284,37 @@ def _key(view: NodeView, h: ProcHistory) -> tuple[str, dict[str, str]]:
     return f"pid:{h.pid}", {"pid": str(h.pid), "name": f"pid {h.pid}"}
 
 
+def grouping_inputs(view: NodeView, th: Thresholds, fr_ranks: dict[int, int]) -> tuple[object, ...]:
+    """Everything ``group_jobs`` reads, as one value: per process its static facts (``info``, by
+    identity), parent, role, torch.distributed threads and name; which GPUs it holds and whether
+    that is more than a context; the ranks logs and flight-recorder dumps named. Equal at two
+    ticks, the grouping is the same."""
+    procs = []
+    for h in view.procs.values():
+        lp = h.latest()
+        procs.append((h.pid, h.info, h.first_ppid) if lp is None else
+                     (h.pid, h.info, h.first_ppid, lp.ppid, lp.role, bool(lp.dist_threads), lp.comm, lp.start_time))
+    gpus = tuple((pid, tuple(d), sum(v or 0 for v in d.values()) >= th.started_gpu_mem_bytes)
+                 for pid, d in view.gpu_of.items())
+    return (th, tuple(procs), gpus, tuple(view.log_ranks.items()), tuple(fr_ranks.items()))
+
+
 def group_jobs(view: NodeView, th: Thresholds | None = None, fr_ranks: dict[int, int] | None = None) -> dict[str, Job]:
+    """The jobs on the node, their ranks and launchers. Worked out again only when what it reads
+    changed (``grouping_inputs``): on most ticks no process came, went or changed its role."""
     th = th or Thresholds()
     fr_ranks = fr_ranks or {}
     learn_log_ranks(view)
+    key = grouping_inputs(view, th, fr_ranks)
+    memo = view.jobs_memo
+    if memo is not None and memo[0] == key:
+        return dict(memo[1])
+    jobs = _group_jobs(view, th, fr_ranks)
+    view.jobs_memo = (key, jobs)
+    return dict(jobs)
+
+
+def _group_jobs(view: NodeView, th: Thresholds, fr_ranks: dict[int, int]) -> dict[str, Job]:
     members: dict[str, list[ProcHistory]] = {}
     parts_of: dict[str, dict[str, str]] = {}
     ranks = rank_processes(view, th)

@@ -142,6 +142,12 @@ class ProcHistory:
         return self._logs[1]
 
 
+def _compile_cmd(h: ProcHistory) -> bool:
+    """Its command line names a compile worker (inductor's pool)."""
+    cmd = " ".join(h.info.cmdline or []) if h.info else ""
+    return "compile_worker" in cmd or "_inductor" in cmd
+
+
 class NodeView:
     """The recent history of a node, fed one snapshot at a time."""
 
@@ -163,6 +169,8 @@ class NodeView:
         self._kids: dict[int, list[int]] | None = None
         self._works: dict[tuple[int, float], bool] = {}
         self.per_tick: dict[tuple[object, ...], object] = {}
+        # identity.group_jobs's last answer, with what it was worked out from
+        self.jobs_memo: tuple[object, dict[str, Any]] | None = None
         # GPU index -> reading's time -> (the reading, shows work, shows a spin, memory beyond its
         # processes'): signals.reading_marks, judged once a reading; trimmed with the readings
         self.gpu_marks: dict[int, dict[float, tuple[GpuSample, bool, bool, int | None]]] = {}
@@ -254,8 +262,7 @@ class NodeView:
             lp = h.latest()
             if lp is None or h.gone_at is not None:
                 continue
-            cmd = " ".join(h.info.cmdline or []) if h.info else ""
-            if not ((lp.comm and COMPILE_COMMS.search(lp.comm)) or "compile_worker" in cmd or "_inductor" in cmd):
+            if not (bool(lp.comm and COMPILE_COMMS.search(lp.comm)) or h.memo_of_info("compile_cmd", _compile_cmd)):
                 continue
             # a warm pool of compile workers sits idle after compiling: count only busy ones
             if len(h.samples) >= 2:
