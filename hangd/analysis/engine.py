@@ -601,8 +601,15 @@ def _ran_since(p: ProcTrack, s: ProcSignals, t: float, th: Thresholds) -> bool:
 
 
 def _polls(p: ProcTrack, s: ProcSignals | None, th: Thresholds) -> bool:
-    """Its stack last showed it waiting for requests, and it uses little CPU: a server's poll loop."""
-    return p.verdict.kind == "request_wait" and (s is None or (s.cpu_cores or 0) < th.busy_cpu_cores)
+    """Its stack last showed it waiting for requests, and it uses little CPU, or less than a core
+    while its main thread keeps waking (its queue read's timeout): a server's poll loop. The CPU of
+    that loop is mostly the broadcast of each empty batch, which spins until every rank took it:
+    with eight ranks on the cores of one GPU, half a core, and it sleeps between. A loop on a whole
+    core has left its polls for work of its own."""
+    if p.verdict.kind != "request_wait" or s is None:
+        return p.verdict.kind == "request_wait"
+    cores = s.cpu_cores or 0
+    return cores < th.busy_cpu_cores or (cores < th.poll_loop_cores and (s.wakes_per_s or 0) >= th.wake_per_s)
 
 
 def _same_loop(old: tuple[str, ...], new: tuple[str, ...], depth: int = 3) -> bool:

@@ -56,6 +56,9 @@ class Thresholds:
     gpu_mem_change_bytes: float = 64 * MiB
     capture_growth_per_s: float = 200 * MiB  # sustained over two windows; allocator warm-up is shorter
     busy_cpu_cores: float = 0.5
+    # a server's poll loop that wakes often (its queue's timeout) stays under this: its broadcast's
+    # spin takes half a core with eight ranks on one GPU; work of its own in one thread takes a core
+    poll_loop_cores: float = 0.9
     # a main thread runnable (state R) in this share of the window's readings wants the CPU and
     # works, whatever it gets: on a host short of cores (2 cores at load 15) a training step gets
     # 0.15 of one

@@ -375,12 +375,15 @@ def _polling_server(r0: P, r1: P) -> Node:
     return node
 
 
-@pytest.mark.parametrize("rank0_cpu, hang", [(20, False), (100, True)], ids=["polls_on_little_cpu", "spins_in_its_loop"])
+@pytest.mark.parametrize("rank0_cpu, hang", [(20, False), (60, False), (100, True)],
+                         ids=["polls_on_little_cpu", "polls_on_half_a_core", "spins_in_its_loop"])
 def test_a_server_caught_between_its_polls_stays_an_idle_server(rank0_cpu: int, hang: bool):
     # an NCCL server: rank 0 polls a queue its listener thread fills and broadcasts the empty batch,
     # rank 1 spins in that broadcast. A capture of rank 0 in its broadcast step (no wait in it) is the
-    # same loop: the server stays idle, whatever wait point its poll is caught at. A rank 0 that
-    # burns a core in that loop has left its polls: no idle server, and its job hangs
+    # same loop: the server stays idle, whatever wait point its poll is caught at. Its broadcast's
+    # spin may take half a core (eight ranks on one GPU: matrix-gpu mpargv-warmup-none-w8), and it
+    # keeps waking: still its polls. A rank 0 that burns a core in that loop has left its polls: no
+    # idle server, and its job hangs
     r0 = P(11, 10, torchrun_env(0, 2), gpu=0, vol_per_s=20, cpu_ticks_per_s=rank0_cpu)
     r1 = P(12, 10, torchrun_env(1, 2), gpu=0, look="spin", state="R", cpu_ticks_per_s=100)
     node = _polling_server(r0, r1)
