@@ -606,8 +606,10 @@ def _polls(p: ProcTrack, s: ProcSignals | None, th: Thresholds) -> bool:
     that loop is mostly the broadcast of each empty batch, which spins until every rank took it:
     with eight ranks on the cores of one GPU, half a core, and it sleeps between. A loop on a whole
     core has left its polls for work of its own."""
-    if p.verdict.kind != "request_wait" or s is None:
-        return p.verdict.kind == "request_wait"
+    if p.verdict.kind != "request_wait":
+        return False
+    if s is None:
+        return True
     cores = s.cpu_cores or 0
     return cores < th.busy_cpu_cores or (cores < th.poll_loop_cores and (s.wakes_per_s or 0) >= th.wake_per_s)
 
