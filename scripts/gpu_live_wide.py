@@ -18,6 +18,9 @@ ranks of every job (e.g. 2 on a laptop); --short shortens every job for a try-ou
 
 OUTDIR: report.json, samples.jsonl (every second: /processes), status.txt (the `hangd status`
 captures), incidents.json, serve.log (hangd serve's own log), jobs.log (the jobs' output, tails).
+With --record, also OUTDIR/traces/<job>/: a hangd-trace/1 bundle of each job recorded beside serve
+at serve's own pace and with only the asking its analysis does (no periodic stacks or flight-recorder
+dumps, unlike scripts/matrix.py's cells), with truth.jsonl and expect.json: what serve saw, to replay.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -186,6 +190,15 @@ def run_job(name: str, a: argparse.Namespace, out: Path, work: Path, poller: Pol
     from matrix import alive, kill_all, launch, tree
 
     launcher_kind, phase, world, max_s, killed, extra = JOBS[name]
+    rec, rec_dir = None, out / "traces" / name
+    if a.record:
+        shutil.rmtree(rec_dir, ignore_errors=True)
+        rec_dir.parent.mkdir(parents=True, exist_ok=True)
+        rec = subprocess.Popen([sys.executable, "-m", "hangd", "record", "--out", str(rec_dir), "--seconds",
+                                str(int(max_s + a.gap + 30)), "--hz", "1"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                               stderr=open(work / f"record-{name}.log", "w"),
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        time.sleep(1.0)
     if a.world:
         world = a.world
     env_over = dict(extra, **(SHORT if a.short else {}))
@@ -248,6 +261,8 @@ def run_job(name: str, a: argparse.Namespace, out: Path, work: Path, poller: Pol
     rc = launcher.returncode
     time.sleep(a.gap)  # the same serve sees the ranks go; what it opens then is kept apart
     t_after = time.time()
+    if rec is not None:
+        finish_recording(rec, rec_dir, c, name, job, truth, pids, t_end, killed)
     with poller.lock:
         rows = [r for r in poller.rows if t0 <= r["t"] <= t_end]
         after = [r for r in poller.rows if t_end < r["t"] <= t_after]
@@ -336,6 +351,42 @@ def run_job(name: str, a: argparse.Namespace, out: Path, work: Path, poller: Pol
     return entry
 
 
+def finish_recording(rec: subprocess.Popen[bytes], d: Path, c: dict[str, str], name: str, job: Path,
+                     truth: list[dict[str, Any]], pids: set[int], t_end: float, killed: bool) -> None:
+    """Stop the job's recorder and make its bundle a cell as scripts/matrix.py makes one: this job's
+    processes only, host paths neutral, its truth (a server killed at the end is gone then) and expect."""
+    import gzip
+
+    from matrix import expect, finish_truth, host_paths, keep_only, merge_actions, neutralize_cell
+
+    rec.send_signal(signal.SIGINT)
+    try:
+        rec.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        rec.kill()
+        rec.wait()
+    if not (d / "trace.jsonl").exists():
+        return
+    actions = [{"t": round(t_end, 3), "kind": "action", "what": "sigkill_all", "pid": None}]
+    final = finish_truth(truth, actions, {}, t_end)
+    merge_actions(d, actions)
+    keep_only(d, pids, job)
+    neutralize_cell(d, host_paths(job))
+    meta = json.loads((d / "meta.json").read_text())
+    meta.update({"scenario": f"live-{name}", "axes": c, "world_size": int(c["world"]), "t_end": t_end,
+                 "ranks": {str(x["rank"]): x["pid"] for x in final if x["state"] == "starting"},
+                 "driver": "scripts/gpu_live_wide.py --record", "device": os.environ.get("MATRIX_DEVICE", "cpu"),
+                 "launch": f"{c['launcher']} tests/workloads/matrix_job.py {c['launcher']} {c['phase']} none none JOBDIR"
+                           f" --world-size {c['world']}", "killed_at_end": killed})
+    (d / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    (d / "truth.jsonl").write_text("".join(json.dumps(x) + "\n" for x in final))
+    (d / "expect.json").write_text(json.dumps(expect(c, final, None), indent=1) + "\n")
+    raw = d / "trace.jsonl"
+    with open(raw, "rb") as f, gzip.open(d / "trace.jsonl.gz", "wb", compresslevel=9) as g:
+        shutil.copyfileobj(f, g)
+    raw.unlink()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out")
@@ -346,6 +397,7 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=0, help="hangd serve's port (default: a free one)")
     ap.add_argument("--gap", type=float, default=5.0, help="seconds watched after each job's teardown")
     ap.add_argument("--budget-s", type=float, default=480.0, help="no job starts past this many seconds")
+    ap.add_argument("--record", action="store_true", help="also record each job (OUTDIR/traces/<job>/) to replay")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
