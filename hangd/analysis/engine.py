@@ -417,6 +417,7 @@ class Analyzer:
             remote_last = max((r.last_progress for r in jv.remote_fresh if r.last_progress is not None), default=None)
             if remote_last is not None and remote_last > jv.last_progress:
                 jv.last_progress, jv.quiet = remote_last, max(0.0, t - remote_last)
+        jv.idle = gather.idle_server(self.env, jv)
         gather.name_workers(self.env, jv)
         orphans = {pid for pid in live if orphan.is_orphaned(self.view, pid)}
 

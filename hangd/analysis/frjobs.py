@@ -13,6 +13,7 @@ from typing import Any
 
 from hangd.analysis import report
 from hangd.analysis.detectors import Env, hang, mismatch
+from hangd.analysis.facts import job as job_facts
 from hangd.analysis.identity import Job
 from hangd.analysis.views import JobTrack
 from hangd.flightrec.analyze import Finding, FindingKind, analyze
@@ -53,10 +54,14 @@ def fr_arrived(env: Env, fl: Flight, jobs: dict[str, Job], snap: Snapshot, t: fl
         if rank is None:
             continue
         prev = tr.fr.get(rank)
+        # the groups it has a collective in flight in, where it has one: a side group that keeps
+        # completing (a health check's all_reduce) says nothing of the group it waits in
+        waits_in = {e.pg for e in dump.entries if not e.completed} & set(dump.pg_status)
+        if prev is None and pid is not None and \
+                (done := job_facts.recent_completions(dump.entries, waits_in, t, env.th.progress_recent_s)) is not None:
+            env.progress.credit(pid, done[0], f"flight recorder: collectives completing ({done[1]:.0f} a second)",
+                                strong=True, collectives_per_s=done[1], seen_at=t)
         if prev is not None and pid is not None:
-            # the groups it has a collective in flight in, where it has one: a side group that keeps
-            # completing (a health check's all_reduce) says nothing of the group it waits in
-            waits_in = {e.pg for e in dump.entries if not e.completed} & set(dump.pg_status)
             old_done, new_done = _done(prev[1], waits_in), _done(dump, waits_in)
             if new_done > old_done:
                 # credit when the newest completed collective completed, as its recorder saw it (a queue
@@ -66,7 +71,8 @@ def fr_arrived(env: Env, fl: Flight, jobs: dict[str, Job], snap: Snapshot, t: fl
                 created = [e.time_created_ns for e in dump.entries if e.completed and e.time_created_ns]
                 at = min(t, max(ended or created) / 1e9) if ended or created else prev[0] + 0.01
                 env.progress.credit(pid, at, f"flight recorder: completed collectives {old_done} -> {new_done}",
-                                     strong=True, collectives_per_s=(new_done - old_done) / max(t - prev[0], 0.25))
+                                     strong=True, collectives_per_s=(new_done - old_done) / max(t - prev[0], 0.25),
+                                     seen_at=t)
             elif t > prev[0]:
                 env.progress.of(pid).collectives_at = None  # none completed since its last dump
         tr.fr[rank] = (t, dump)

@@ -39,7 +39,7 @@ def job_facts(env: Env, jv: JobView) -> dict[str, Any]:
     if exited:
         assert hinc is not None
         hung_why = f"job hung: rank {', '.join(map(str, hinc.culprit_ranks))} exited and the others wait for it"
-    idle, idle_why = idle_server(env, jv)
+    idle, idle_why = jv.idle
     # a pattern: at least two earlier waits in the window (one earlier blip is not one)
     recurring = tr.episode is not None and sum(
         1 for tt, c in tr.episodes
@@ -146,18 +146,9 @@ def idle_server(env: Env, jv: JobView) -> tuple[bool, str]:
                   f"({max(completing):.0f} a second) and no rank works")
 
 def collectives_complete(env: Env, pid: int, jv: JobView, work: float | None) -> float | None:
-    """How many a second its collectives complete while it waits in one, or None: its main
-    thread keeps waking inside the collective, or its flight recorder's completed seq advanced
-    within ``collectives_seen_s`` and after the job's last work (``work``): collectives that
-    completed while ranks worked are the work's own (a rank that waits spinning on its GPU or its
-    CPU never wakes)."""
-    s, p = jv.sigs[pid], env.progress.of(pid)
-    if env.last_wait(pid, s, jv.t) == "collective" and (s.wakes_per_s or 0) >= env.th.wake_per_s:
-        return s.wakes_per_s
-    if p.collectives_at is not None and jv.t - p.collectives_at <= env.th.collectives_seen_s and p.collectives_per_s \
-            and (work is None or p.collectives_at > work):
-        return p.collectives_per_s
-    return None
+    """``facts.job.collectives_completing`` of this rank at this tick."""
+    s = jv.sigs[pid]
+    return job_facts_mod.collectives_completing(env.progress.of(pid), s, env.last_wait(pid, s, jv.t), jv.t, env.th, work)
 
 def evidence(env: Env, pid: int, jv: JobView, facts: dict[str, Any], orphaned: bool) -> rankstate.Evidence:
     """The record ``rankstate.decide`` judges: per source whether the rank moved, what it

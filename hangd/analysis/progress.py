@@ -39,6 +39,7 @@ class Progress:
     # once a newer dump shows none more); and its last strong progress that was work, not them
     collectives_at: float | None = None
     collectives_per_s: float | None = None
+    collectives_seen_at: float | None = None  # when the dump that showed them came
     last_work: float | None = None
 
     def recent(self, t: float, within: float) -> bool:
@@ -61,9 +62,10 @@ class ProgressBook:
     def forget(self, pid: int) -> None:
         self.by_pid.pop(pid, None)
 
-    def credit(self, pid: int, t: float, why: str, strong: bool, collectives_per_s: float | None = None) -> None:
+    def credit(self, pid: int, t: float, why: str, strong: bool, collectives_per_s: float | None = None,
+               seen_at: float | None = None) -> None:
         """Progress at ``t``; ``collectives_per_s`` where what moved is its collectives completing
-        (at that rate), not work of its own."""
+        (at that rate), not work of its own, as a dump that came at ``seen_at`` showed them."""
         p = self.of(pid)
         if p.last is None or t >= p.last:
             p.last, p.why = t, why
@@ -71,7 +73,7 @@ class ProgressBook:
             p.last_strong = t
         if collectives_per_s is not None:
             if p.collectives_at is None or t >= p.collectives_at:
-                p.collectives_at, p.collectives_per_s = t, collectives_per_s
+                p.collectives_at, p.collectives_per_s, p.collectives_seen_at = t, collectives_per_s, seen_at
         elif strong and (p.last_work is None or t >= p.last_work):
             p.last_work = t
         if strong and collectives_per_s is None and (not p.strong_secs or int(t) > p.strong_secs[-1]):

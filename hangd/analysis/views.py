@@ -121,6 +121,9 @@ class JobView:
     # a job that spans nodes: its ranks on other nodes, as those nodes' hangd last reported them
     remote: list[RemoteRank] = field(default_factory=list)
     node_stale_s: float = Thresholds.node_stale_s
+    # the job is an idle server at this tick, and why (``gather.idle_server``): one fact, read by
+    # the ranks' states and by the hang detector alike
+    idle: tuple[bool, str] = (False, "")
 
     def remote_stale(self, r: RemoteRank) -> bool:
         """Its node's hangd stopped reporting: what it said last is not evidence any more."""

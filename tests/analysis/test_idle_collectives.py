@@ -5,6 +5,8 @@ completing: the dumps hangd asks for while ranks wait on ranks that do no work."
 
 from __future__ import annotations
 
+import pytest
+
 from hangd.flightrec.reader import Dump, Entry
 from hangd.snapshot import FrDump
 
@@ -14,7 +16,7 @@ BCAST = [("torch/distributed/distributed_c10d.py", "broadcast"), ("server.py", "
 POLL = [("threading.py", "wait"), ("queue.py", "get"), ("server.py", "event_loop")]
 
 
-def _dump(rank: int, done: int, at: float) -> Dump:
+def _dump(rank: int, done: int, at: float, world: int = 2) -> Dump:
     """A rank's dump: broadcasts #1..#done completed, #done+1 in flight; the last one created at ``at``."""
     entries = [Entry(record_id=s - 1, pg="0", pg_id=0, seq=s, p2p_seq=0, op="nccl:broadcast",
                      state="completed" if s <= done else "scheduled", completed=s <= done,
@@ -22,31 +24,33 @@ def _dump(rank: int, done: int, at: float) -> Dump:
                      time_created_ns=int((at - (done + 1 - s) * 0.05) * 1e9), timeout_ms=None)
                for s in range(max(1, done - 40), done + 2)]
     return Dump(rank=rank, version="2.10", encoding="pickle",
-                pg_config={"0": {"pg_id": "0", "desc": "default_pg", "ranks": [0, 1]}},
+                pg_config={"0": {"pg_id": "0", "desc": "default_pg", "ranks": list(range(world))}},
                 pg_status={"0": {"last_enqueued_collective": done + 1, "last_completed_collective": done}},
                 entries=entries)
 
 
-def _server() -> Node:
+def _server(world: int = 2, gpus: int = 2) -> Node:
     node = Node([P(10, 1),
-                 P(11, 10, torchrun_env(0, 2), gpu=0, wchan="hrtimer_nanosleep", vol_per_s=17, cpu_ticks_per_s=20),
-                 P(12, 10, torchrun_env(1, 2), gpu=1, look="spin", state="R", wchan="0", cpu_ticks_per_s=200)])
+                 P(11, 10, torchrun_env(0, world), gpu=0, wchan="hrtimer_nanosleep", vol_per_s=17, cpu_ticks_per_s=20),
+                 *(P(11 + r, 10, torchrun_env(r, world), gpu=r % gpus, look="spin", state="R", wchan="0",
+                     cpu_ticks_per_s=200) for r in range(1, world))])
     node.run(3)
-    node.stack(12, BCAST)
+    for r in range(1, world):
+        node.stack(11 + r, BCAST)
     node.run(1)
     return node
 
 
-def _serve(node: Node, seconds: int, rate: float, done: dict[int, int], asks: list[float] | None = None) -> None:
-    """Run ``seconds``, a dump of each rank every 5 s, ``rate`` broadcasts a second between dumps."""
-    for _ in range(seconds):
+def _serve(node: Node, seconds: int, rate: float, done: dict[int, int], every: int = 5) -> None:
+    """Run ``seconds``, a dump of each rank every ``every`` s, ``rate`` broadcasts a second between dumps."""
+    for i in range(seconds):
         for _ in range(int(node.hz)):
             node.tick()
-        if round(node.t) % 5 == 0:
-            for r in (0, 1):
-                done[r] += int(rate * 5)
+        if i % every == 0:
+            for r in done:
+                done[r] += int(rate * every)
                 node.pending_fr.append(FrDump(pid=11 + r, rank=r, format="pickle", path=f"/fr/rank_{r}",
-                                              dump=_dump(r, done[r], node.t)))
+                                              dump=_dump(r, done[r], node.t, len(done))))
 
 
 def _reason(node: Node, pid: int) -> str:
@@ -65,6 +69,38 @@ def test_collectives_a_flight_recorder_sees_completing_with_no_rank_working_are_
     # from the second dump on (the first a dump can be compared with), idle and nothing else
     said = [(c.t, c.pid, c.state) for c in node.changes if c.t >= 1010.0 + 2 * node.an.th.dwell_s]
     assert all(st == "idle" for _, _, st in said), said
+
+
+@pytest.mark.parametrize("world, gpus, every", [(2, 2, 11), (4, 1, 11), (8, 1, 11), (8, 8, 7)],
+                         ids=["2_ranks", "4_ranks_one_gpu", "8_ranks_one_gpu", "8_ranks_8_gpus"])
+def test_an_idle_server_whose_dumps_come_further_apart_than_a_hang_takes_stays_idle(world, gpus, every):
+    # eight schedulers on one GPU each take seconds over a dump (their stacks symbolized), so the
+    # dumps that show the broadcasts completing come 7-11 s apart: between two of them nothing else
+    # moves for longer than a hang takes. The collectives still complete: an idle server, no page
+    node = _server(world, gpus)
+    node.stack(11, POLL)  # rank 0's stack: polling its queue (on a shared GPU its spin is the others')
+    done = dict.fromkeys(range(world), 0)
+    _serve(node, 60, 13, done, every=every)
+    assert node.kinds() == [], [(i.kind, i.summary) for i in node.an.incidents()]
+    for pid in range(11, 11 + world):
+        assert node.state(pid) == "idle", _reason(node, pid)
+
+
+@pytest.mark.parametrize("world, gpus, every", [(2, 2, 5), (4, 1, 7), (8, 1, 11), (8, 8, 7)],
+                         ids=["2_ranks", "4_ranks_one_gpu", "8_ranks_one_gpu", "8_ranks_8_gpus"])
+def test_an_idle_server_whose_broadcasts_stop_is_paged_within_a_hangs_time(world, gpus, every):
+    # the same servers; then rank 0 never broadcasts again. The dumps that still come show nothing
+    # more completing: what the last one before showed holds no longer than until then
+    node = _server(world, gpus)
+    node.stack(11, POLL)
+    done = dict.fromkeys(range(world), 0)
+    _serve(node, 30, 13, done, every=every)
+    stopped = node.t
+    _serve(node, 30, 0, done, every=every)
+    assert [i.kind for i in node.an.incidents()] == ["nccl_stall"], [(i.kind, i.summary) for i in node.an.incidents()]
+    if gpus > 1:  # on a shared GPU rank 0 reads the others' spin too, until a fresh stack of it comes
+        assert node.an.incidents()[0].culprit_ranks == [0], node.an.incidents()[0].summary
+    assert node.an.incidents()[0].opened_at - stopped <= node.an.th.hang_gpu_s + 1
 
 
 def test_collectives_that_stop_completing_are_a_hang_not_an_idle_server():

@@ -41,11 +41,19 @@ def decide(env: Env, jv: JobView) -> IncidentKind | None:
     away_waiting = [r for r in fresh if r.waits]
     away_other = [r for r in fresh if not r.waits]
     others = set(live) - waiting
-    if waiting and others and others <= jv.serving:
-        return None  # the ranks here wait for one here that waits for requests: an idle server, whatever elsewhere
+    if jv.idle[0]:
+        # the ranks here wait for one here that waits for requests, or their collectives keep
+        # completing while none of them works: an idle server, whatever elsewhere
+        return None
     if (waiting or away_waiting) and (others or away_other) and others <= jv.serving \
             and all(r.local == Local.SERVING for r in away_other):
         return None  # the ranks wait for ones that wait for requests (here or on other nodes): an idle server
+    # the collectives they wait in keep completing (a dump's sample since the job's last work, their
+    # wake-ups): slow, not stalled
+    work = env.progress.job_last_work(live)
+    if any(job_facts.collectives_completing(env.progress.of(p), jv.sigs[p], env.last_wait(p, jv.sigs[p], jv.t), jv.t,
+                                            th, work) is not None for p in waiting):
+        return None
     if jv.quiet < th.hang_all_in_s and job_facts.every_rank_in_one_wait(jv, env.tracks, th.window_s)[0] \
             and not _recorder_says_stalled(env, jv):
         return None  # every rank is in the collective: slow, or stalled in the transport, not yet told

@@ -3,8 +3,12 @@ rank's last stack (plain records: no engine, no /proc)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
 
+from hangd.analysis.progress import Progress
+from hangd.analysis.signals import ProcSignals
+from hangd.analysis.thresholds import Thresholds
 from hangd.analysis.views import JobView, ProcTrack
 
 # Stack verdicts of a rank inside one of its job's collectives, or waiting for its GPU to finish
@@ -71,3 +75,45 @@ def capture_logged_over(jv: JobView) -> tuple[float | None, str]:
     if best is None:
         return None, ""
     return best[0], f"rank {jv.job.ranks.get(best[1], '?')}'s log said its CUDA graph capture ended"
+
+
+def recent_completions(entries: Sequence[Any], pgs: Collection[str], t: float, within_s: float) -> tuple[float, float] | None:
+    """Collectives one flight-recorder dump shows completing just before ``t``: (when the newest
+    completed, how many a second over ``within_s``), or None. An entry's completion time where the
+    recorder timed it, else its creation time (a completed entry completed no earlier). Only the
+    groups ``pgs`` (all when empty): a side group's health check says nothing of the group a rank
+    waits in. One dump is enough: a first dump of a server polling in its broadcasts shows the
+    last ones done a moment ago, before a second dump can be compared with it."""
+    times = sorted(x / 1e9 for e in entries if e.completed and (not pgs or e.pg in pgs)
+                   and (x := e.time_completed_ns or e.time_created_ns))
+    recent = [x for x in times if t - within_s <= x <= t]
+    if len(recent) < 2:
+        return None
+    return recent[-1], (len(recent) - 1) / max(recent[-1] - recent[0], 1e-3)
+
+
+def collectives_completing(p: Progress, s: ProcSignals, last_wait: str | None, t: float, th: Thresholds,
+                           work: float | None) -> float | None:
+    """How many a second a rank's collectives complete while it waits in one, or None: its main
+    thread keeps waking inside the collective (``wake_per_s``), or its flight recorder's last dump
+    caught them completing (``caught_completing``) within ``collectives_seen_s`` and after ``work`` (the job's last work,
+    when given: collectives that completed while ranks worked are the work's own). A dump is a
+    sample: what it showed holds until the next one says otherwise or ``collectives_seen_s``
+    passes (a rank that waits spinning on its GPU or its CPU never wakes)."""
+    if last_wait == "collective" and (s.wakes_per_s or 0) >= th.wake_per_s:
+        return s.wakes_per_s
+    if p.collectives_at is not None and t - p.collectives_at <= th.collectives_seen_s and p.collectives_per_s \
+            and (work is None or p.collectives_at > work) and caught_completing(p, th):
+        return p.collectives_per_s
+    return None
+
+
+def caught_completing(p: Progress, th: Thresholds) -> bool:
+    """The dump that last showed its collectives completing caught them at it: the newest had
+    completed within ``window_s`` of the dump's coming (a few of their intervals at least). One
+    whose newest completion was older shows collectives that completed, then stopped (a hang that
+    began between two dumps)."""
+    if p.collectives_at is None or p.collectives_seen_at is None:
+        return p.collectives_at is not None
+    gap = max(th.window_s, 3.0 / p.collectives_per_s) if p.collectives_per_s else th.window_s
+    return p.collectives_seen_at - p.collectives_at <= gap
