@@ -86,3 +86,20 @@ def test_a_long_run_over_sockets_with_a_pause_is_no_hang_and_a_stop_is_one_after
         node.run(0.5)
     assert node.kinds() == ["nccl_stall"], node.kinds()
     assert node.t - stopped >= 10.0, node.t - stopped
+
+
+@pytest.mark.parametrize("in_per_s, out_per_s, busy", [
+    (30 * MB, 30 * MB, True),  # a ring's all-reduce among eight ranks on one GPU: above a loader's rate
+    (3 * MB, 2 * MB, True),
+    (30 * MB, 0, False),  # one way at a loader's rate: reads (the tail of a load)
+    (30 * MB, 2 * MB, False),  # mostly one way: a loader that also logs
+], ids=["both_ways_fast", "both_ways_slow", "one_way_fast", "mostly_one_way"])
+def test_bytes_both_ways_at_any_rate_are_a_transport(in_per_s: int, out_per_s: int, busy: bool):
+    # a collective's data goes both ways through the ranks' sockets at the rate the ranks and the
+    # transport make; a loader's goes one way. Read over 8 s, each way steady
+    node = _two_on_one_gpu(0, seconds=0.0)
+    for p in (11, 12):
+        node.procs[p].sock_per_s, node.procs[p].wchar_per_s = in_per_s, out_per_s
+    node.run(8)
+    said = "through its sockets" in node.an._track(11).reading.why
+    assert said == busy, node.an._track(11).reading.why

@@ -41,15 +41,28 @@ def moves(s: ProcSignals, th: Thresholds, direction: str) -> bool:
         and not (direction == "in" and reads_stopped(s, th))
 
 
+def both_ways(s: ProcSignals, th: Thresholds) -> bool:
+    """Bytes through its read and its write calls at once (``rchar`` and ``wchar`` beyond the
+    disk's counters), each at ``socket_char_per_s`` or more over the I/O window and moving in half
+    its seconds, neither way ``moving_ratio`` times the other: a ring's collectives send what they
+    receive, at whatever rate the ranks and the transport make (eight ranks on one GPU move 3-30
+    MB/s). A loader reads, a checkpoint writer writes: one way."""
+    steady, i, o = th.io_window_s / 2, s.in_long_per_s or 0, s.out_long_per_s or 0
+    return s.in_counter == "rchar" and s.out_counter == "wchar" and min(i, o) >= th.socket_char_per_s \
+        and max(i, o) < th.moving_ratio * min(i, o) and s.in_active_s >= steady and s.out_active_s >= steady
+
+
 def over_sockets(s: ProcSignals, th: Thresholds) -> bool:
-    """Bytes through its read or write calls (``rchar``/``wchar`` beyond the disk's counters) at a
-    socket transport's rate: at least ``socket_char_per_s`` over the I/O window, moving in half its
+    """Bytes both ways (``both_ways``), or through its read or write calls (``rchar``/``wchar``
+    beyond the disk's counters) at a socket transport's rate: at least ``socket_char_per_s`` over the I/O window, moving in half its
     seconds or more (a second counts when a reading moved ``io_bytes_per_s / 4``: 1 MiB/s at 4 Hz),
     under a loader's rate now and over the window, with no burst at a loader's rate in the last
     ``window_s``: a collective whose data moves. A rank spinning in a collective for good moves
     none, and a load's last bursts come at a loader's rate, then stop."""
     steady, now = th.io_window_s / 2, max(s.rchar_per_s or 0, s.read_per_s or 0, s.wchar_per_s or 0, s.write_per_s or 0)
     loading = s.in_quiet_s is not None and s.in_quiet_s <= th.window_s
+    if both_ways(s, th):
+        return True
     return now < th.load_read_per_s and not loading and any(
         counter in ("rchar", "wchar") and th.socket_char_per_s <= (rate or 0) < th.load_read_per_s and active >= steady
         for rate, active, counter in ((s.in_long_per_s, s.in_active_s, s.in_counter),
