@@ -165,3 +165,41 @@ def test_a_rank_kept_waiting_step_after_step_is_said_to_wait():
         _step(node, 1, 3)
         said.append(node.state(11))
     assert said[-4:] == ["waiting_peer"] * 4, said
+
+
+def _ranks(world: int) -> Node:
+    node = Node([P(10, 1)] + [P(11 + r, 10, torchrun_env(r, world), gpu=r, look="work", state="R", cpu_ticks_per_s=100)
+                              for r in range(world)])
+    node.run(5)
+    return node
+
+
+def _turns(node: Node, world: int, slow_of_step: list[set[int]]) -> None:
+    """Steps in which the ranks ``slow_of_step[k]`` compute 3 s and the rest 1 s, then wait 2 s
+    spinning in the all-reduce for them."""
+    for slow in slow_of_step:
+        for r in range(world):
+            node.procs[11 + r].look = "work"
+        node.run(1)
+        for r in range(world):
+            if r not in slow:
+                node.procs[11 + r].look = "spin"
+        node.run(2)
+
+
+@pytest.mark.parametrize("world", [4, 8])
+def test_ranks_taking_turns_on_a_shared_resource_are_no_stragglers(world: int):
+    # ranks sharing a GPU (or a link) take turns on it: at each step another half of them runs
+    # late, so each keeps the others waiting a while, none more than the rest (seen: 8 FSDP2 ranks
+    # on one GPU, four of them named stragglers). No straggler; one rank late every step is one
+    node = _ranks(world)
+    half = world // 2
+    _turns(node, world, [{(k + i) % world for i in range(half)} for k in range(20)])
+    assert _stragglers(node) == [], [(i.kind, i.summary) for i in node.an.incidents()]
+
+
+@pytest.mark.parametrize("world, slow", [(4, 2), (8, 5)])
+def test_one_rank_late_at_every_step_of_many_is_the_straggler(world: int, slow: int):
+    node = _ranks(world)
+    _turns(node, world, [{slow}] * 20)
+    assert _stragglers(node) == [("straggler", [slow])], [(i.kind, i.summary) for i in node.an.incidents()]
