@@ -355,16 +355,18 @@ def finish_recording(rec: subprocess.Popen[bytes], d: Path, c: dict[str, str], n
                      truth: list[dict[str, Any]], pids: set[int], t_end: float, killed: bool) -> None:
     """Stop the job's recorder and make its bundle a cell as scripts/matrix.py makes one: this job's
     processes only, host paths neutral, its truth (a server killed at the end is gone then) and expect."""
-    import gzip
+    from matrix import (
+        expect,
+        finish_truth,
+        gzip_trace,
+        host_paths,
+        keep_only,
+        merge_actions,
+        neutralize_cell,
+        stop_recorder,
+    )
 
-    from matrix import expect, finish_truth, host_paths, keep_only, merge_actions, neutralize_cell
-
-    rec.send_signal(signal.SIGINT)
-    try:
-        rec.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        rec.kill()
-        rec.wait()
+    stop_recorder(rec)
     if not (d / "trace.jsonl").exists():
         return
     actions = [{"t": round(t_end, 3), "kind": "action", "what": "sigkill_all", "pid": None}]
@@ -381,10 +383,7 @@ def finish_recording(rec: subprocess.Popen[bytes], d: Path, c: dict[str, str], n
     (d / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
     (d / "truth.jsonl").write_text("".join(json.dumps(x) + "\n" for x in final))
     (d / "expect.json").write_text(json.dumps(expect(c, final, None), indent=1) + "\n")
-    raw = d / "trace.jsonl"
-    with open(raw, "rb") as f, gzip.open(d / "trace.jsonl.gz", "wb", compresslevel=9) as g:
-        shutil.copyfileobj(f, g)
-    raw.unlink()
+    gzip_trace(d)
 
 
 def main() -> None:

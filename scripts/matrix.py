@@ -371,12 +371,7 @@ def record(c: dict[str, str], out: Path) -> dict[str, Any]:
     t_end = round(time.time(), 3)
     actions.append({"t": t_end, "kind": "action", "what": "sigkill_all", "pid": None})
     time.sleep(1.0)
-    rec.send_signal(signal.SIGINT)
-    try:
-        rec.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        rec.kill()
-        rec.wait()
+    stop_recorder(rec)
     kill_all(pids, launcher)
     worker_pid = None
     wb = job / f"worker_block_{cul}.json"
@@ -396,13 +391,28 @@ def record(c: dict[str, str], out: Path) -> dict[str, Any]:
     (d / "truth.jsonl").write_text("".join(json.dumps(x) + "\n" for x in final))
     exp = expect(c, final, worker_pid)
     (d / "expect.json").write_text(json.dumps(exp, indent=1) + "\n")
+    gzip_trace(d)
+    launcher_log = (job / "launcher.log").read_text(errors="replace")[-3000:]
+    shutil.rmtree(job, ignore_errors=True)
+    return {"cell": name, "truth": final, "expect": exp, "actions": actions, "log_tail": launcher_log}
+
+
+def stop_recorder(rec: subprocess.Popen[Any]) -> None:
+    """Stop `hangd record` as a user would (SIGINT: it writes its bundle), killed after 60 s."""
+    rec.send_signal(signal.SIGINT)
+    try:
+        rec.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        rec.kill()
+        rec.wait()
+
+
+def gzip_trace(d: Path) -> None:
+    """The bundle's trace.jsonl, gzipped in its place."""
     raw = d / "trace.jsonl"
     with open(raw, "rb") as f, gzip.open(d / "trace.jsonl.gz", "wb", compresslevel=9) as g:
         shutil.copyfileobj(f, g)
     raw.unlink()
-    launcher_log = (job / "launcher.log").read_text(errors="replace")[-3000:]
-    shutil.rmtree(job, ignore_errors=True)
-    return {"cell": name, "truth": final, "expect": exp, "actions": actions, "log_tail": launcher_log}
 
 
 def host_paths(job: Path | None = None) -> list[tuple[str, str]]:
