@@ -17,7 +17,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from hangd.analysis.facts import io as io_facts
-from hangd.analysis.signals import ProcSignals
+from hangd.analysis.signals import ProcSignals, pct_text
 from hangd.analysis.thresholds import GiB, Thresholds
 
 # A rank blocked in a collective whose main thread keeps waking: its collectives complete. Not the
@@ -88,8 +88,8 @@ class ProgressBook:
             return
         g = s.gpu
         if g.any_work() and s.gpu_work_at is not None:
-            self.credit(pid, s.gpu_work_at, f"GPU {s.gpu_indexes[0]} working (tensor {g.tensor or 0:.0f}%, DRAM "
-                        f"{g.dram or 0:.0f}%, NVLink {g.nvlink_mibs or 0:.0f} MiB/s)" if g.has_gpm else
+            self.credit(pid, s.gpu_work_at, f"GPU {s.gpu_indexes[0]} working (tensor {pct_text(g.tensor)}%, DRAM "
+                        f"{pct_text(g.dram)}%, NVLink {g.nvlink_mibs or 0:.0f} MiB/s)" if g.has_gpm else
                         f"GPU {s.gpu_indexes[0]} memory controller {g.util_mem or 0:.0f}% busy", strong=True)
         if abs(s.gpu_mem_change) >= th.gpu_mem_change_bytes:
             self.credit(pid, t, f"GPU memory changed by {s.gpu_mem_change / GiB:+.2f} GiB", strong=True)

@@ -21,7 +21,7 @@ from hangd.analysis.facts import Context, Fact, RankIn, cpu, gpu, io, stack, wai
 from hangd.analysis.facts import evidence as ev
 from hangd.analysis.facts.evidence import CAPTURING, SOURCES, Evidence, Moved, StateFact, WaitsOn
 from hangd.analysis.model import LOCAL_TO_STATE, Local, Reading, State
-from hangd.analysis.signals import ProcSignals
+from hangd.analysis.signals import ProcSignals, pct_text
 from hangd.analysis.thresholds import GiB, Thresholds
 
 # the evidence record and its words live with the state facts (facts/evidence.py); named here too
@@ -162,7 +162,7 @@ def _capture_why(r: RankIn) -> str:
 
 def _gpu_works_why(r: RankIn) -> str:
     g = r.s.gpu
-    return (f"GPU working: tensor {g.tensor or 0:.0f}%, DRAM {g.dram or 0:.0f}%, NVLink "
+    return (f"GPU working: tensor {pct_text(g.tensor)}%, DRAM {pct_text(g.dram)}%, NVLink "
             f"{g.nvlink_mibs or 0:.0f} MiB/s, {g.power_w or 0:.0f} W") if g.has_gpm else \
         f"GPU working: util {g.util or 0:.0f}%, memory controller {g.util_mem or 0:.0f}%"
 
@@ -170,7 +170,7 @@ def _gpu_works_why(r: RankIn) -> str:
 def _spin_why(r: RankIn) -> str:
     g = r.s.gpu
     return (f"spinning in a GPU collective: util {g.util or 0:.0f}% but SM {g.sm or 0:.0f}%, "
-            f"tensor {g.tensor or 0:.0f}%, DRAM {g.dram or 0:.0f}%, no NVLink traffic, "
+            f"tensor {pct_text(g.tensor)}%, DRAM {pct_text(g.dram)}%, no NVLink traffic, "
             f"{g.power_w or 0:.0f} W") if g.has_gpm else \
         f"spinning on the GPU: util {g.util or 0:.0f}% with the memory controller idle"
 

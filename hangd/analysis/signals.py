@@ -47,6 +47,12 @@ class GpuSignals:
         return {k: (round(v, 1) if isinstance(v, float) else v) for k, v in self.__dict__.items() if v is not None}
 
 
+def pct_text(v: float | None) -> str:
+    """A GPM percentage in words: whole numbers from 1% up, two figures below (tensor 0.12%)."""
+    v = v or 0.0
+    return f"{v:.0f}" if v >= 1 or v == 0 else f"{v:.2g}"
+
+
 def _mean(vals: list[float]) -> float | None:
     return sum(vals) / len(vals) if vals else None
 

@@ -25,7 +25,11 @@ class Thresholds:
     # and DRAM 0.5-0.9% with util at 99%: busy, not spinning (seen on an H200). Over the recorded
     # GPU traces, 2-s windows at util >= 90% and SM < 40% show DRAM 0 for hung ranks (90th
     # percentile of 3,476; more only as a wait begins) and never less than 0.54% for busy ones.
-    gpu_tensor_pct: float = 3.0
+    # Tensor cores run only matrix math, which a kernel spinning on a flag never does: over 9,691
+    # such readings of hung GPUs tensor is 0 in 98.5%, at most 0.016% but as a wait begins (eight
+    # ranks on one GPU, all spinning), where eight ranks replaying CUDA graphs of Linear layers on
+    # one H100, time-sliced, show 0.07-0.16% with DRAM 0.21-0.32%: busy.
+    gpu_tensor_pct: float = 0.05
     gpu_dram_pct: float = 0.3
     gpu_nvlink_mibs: float = 20.0
     gpu_util_mem_pct: float = 3.0  # fallback without GPM: memory-controller activity

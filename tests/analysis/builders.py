@@ -27,8 +27,15 @@ IDLE = {"SM_UTIL": 0.0, "ANY_TENSOR_UTIL": 0.0, "DRAM_BW_UTIL": 0.0, "NVLINK_TOT
 SPIN = {"SM_UTIL": 18.0, "ANY_TENSOR_UTIL": 0.0, "DRAM_BW_UTIL": 0.0, "NVLINK_TOTAL_TX_PER_SEC": 0.0}
 WORK = {"SM_UTIL": 85.0, "ANY_TENSOR_UTIL": 80.0, "DRAM_BW_UTIL": 17.0, "NVLINK_TOTAL_TX_PER_SEC": 17000.0}
 DECODE = {"SM_UTIL": 5.0, "ANY_TENSOR_UTIL": 0.1, "DRAM_BW_UTIL": 2.2, "NVLINK_TOTAL_TX_PER_SEC": 80.0}
+# one GPU time-sliced among eight ranks (one H100, NCCL over sockets): replaying CUDA graphs of Linear
+# layers with an all-reduce in each, and every rank spinning in a collective that never completes
+REPLAY_SHARED = {"SM_UTIL": 1.7, "ANY_TENSOR_UTIL": 0.1, "DRAM_BW_UTIL": 0.25, "FP32_UTIL": 0.01,
+                 "NVLINK_TOTAL_TX_PER_SEC": 0.0}
+SPIN_SHARED = {"SM_UTIL": 1.5, "ANY_TENSOR_UTIL": 0.016, "DRAM_BW_UTIL": 0.1, "FP32_UTIL": 0.002,
+               "NVLINK_TOTAL_TX_PER_SEC": 0.0}
 GPU_LOOK = {"idle": (0, 124_000, IDLE), "spin": (100, 124_000, SPIN), "work": (99, 470_000, WORK),
-            "decode": (60, 165_000, DECODE)}
+            "decode": (60, 165_000, DECODE), "replay_shared": (100, 124_500, REPLAY_SHARED),
+            "spin_shared": (100, 124_200, SPIN_SHARED)}
 
 
 @dataclass
@@ -42,7 +49,7 @@ class P:
     comm: str = "python"
     gpu: int | None = None  # the GPU it holds memory on
     gpu_mem: int = 20 * GiB
-    look: str = "idle"  # idle | spin | work | decode (of its GPU)
+    look: str = "idle"  # a key of GPU_LOOK (of its GPU)
     state: str = "S"
     wchan: str = "futex_do_wait"
     cpu_ticks_per_s: int = 0  # utime growth

@@ -343,8 +343,8 @@ GPU_READINGS = [
     (_reading(SM_UTIL=40.0), False, False),  # SM at the line: more than a resident kernel
     (_reading(SM_UTIL=39.9), False, True),
     (_reading(DRAM_BW_UTIL=0.0), False, True),  # GPM without SM: an SM share not shown is not work
-    (_reading(SM_UTIL=18.0, ANY_TENSOR_UTIL=3.0), True, False),  # tensor at its line: work
-    (_reading(SM_UTIL=18.0, ANY_TENSOR_UTIL=2.9), False, True),
+    (_reading(SM_UTIL=18.0, ANY_TENSOR_UTIL=0.05), True, False),  # tensor at its line: matrix math, work
+    (_reading(SM_UTIL=18.0, ANY_TENSOR_UTIL=0.049), False, True),  # a spinning kernel's noise (<= 0.016%)
     (_reading(SM_UTIL=18.0, DRAM_BW_UTIL=1.0), True, False),  # DRAM alone: work
     (_reading(SM_UTIL=18.0, NVLINK_TOTAL_TX_PER_SEC=20.0), True, False),  # NVLink TX alone
     (_reading(SM_UTIL=18.0, NVLINK_TOTAL_RX_PER_SEC=20.0), True, False),  # NVLink RX alone, no TX key
