@@ -530,15 +530,17 @@ def expect(c: dict[str, str], truth: list[dict[str, Any]], worker_pid: int | Non
     last = {x["pid"]: x["state"] for x in truth}
     e: dict[str, Any] = {"hang": bool(hung) and "hung" in last.values()}
     gpu = os.environ.get("MATRIX_DEVICE") == "cuda"
-    if hung and not e["hang"]:
-        # a rank stalled for seconds after its peer died, then crashed too: the job failed, it does not hang
+    left = any(x["phase"] in ("hung:peer_gone",) for x in truth)
+    if hung and not e["hang"] and not left:
+        # a rank stalled for seconds, then crashed: the job failed, it does not hang
         e["must_not_open"] = ["straggler"]
         return e
     if not hung:
         e["must_not_open"] = ["nccl_stall", "host_stall", "io_stall", "rank_exited", "straggler"]
         return e
-    left = any(x["phase"] in ("hung:peer_gone",) for x in truth)
     if left:
+        # a peer left, and the others waited for it (until they crashed too): the one that left first
+        e["hang"] = True
         e["incident_kind"] = "rank_exited"
     elif gpu:
         e["incident_kind"] = "nccl_stall"  # a peer spins in an NCCL collective

@@ -108,22 +108,28 @@ def test_a_wait_for_a_rank_that_exited_is_not_held(stack, peer_exits: bool):
     node.run(2)
     node.stack(11, stack)
     node.run(3)  # the dwell
-    assert node.state(11) == ("waiting_peer" if peer_exits else "loading")
+    # with its peer gone and nothing moving since, the exit is judged: rank 0 waits for the one that left
+    assert node.state(11) == ("hung" if peer_exits else "loading")
+    assert node.kinds() == (["rank_exited"] if peer_exits else [])
 
 
 @pytest.mark.parametrize("peer_exits", [True, False], ids=["peer_killed", "peer_alive"])
 def test_silence_after_a_rank_of_the_job_exited_keeps_the_last_state(peer_exits: bool):
     # a loader done reading sleeps in a poll (the store's socket, its descriptors unread) and its
     # peer is killed: it may wait for that one in a way no stack has shown yet, so it keeps
-    # `loading` until a stack shows the wait or the exit is judged, not `idle` meanwhile. Both
-    # alive and silent, with no wait shown, nothing is held: they idle
+    # `loading` until a stack shows the wait or the exit is judged (still since the exit for
+    # rank_exit_wait_s: rank_exited, and it is hung), not `idle` meanwhile. Both alive and silent,
+    # with no wait shown, nothing is held: they idle
     node, r0, r1 = _loaders()
     r0.read_per_s, r0.cpu_ticks_per_s, r0.wchan = 0, 0, "poll_schedule_timeout"
     r1.read_per_s, r1.cpu_ticks_per_s, r1.wchan = 0, 0, "futex_do_wait"
     if peer_exits:
         node.kill(12)
+    node.run(node.an.th.rank_exit_wait_s - 1)
+    assert node.state(11) == "loading"
     node.run(9)  # past the idle dwell
-    assert node.state(11) == ("loading" if peer_exits else "idle")
+    assert node.state(11) == ("hung" if peer_exits else "idle")
+    assert node.kinds() == (["rank_exited"] if peer_exits else [])
 
 
 @pytest.mark.parametrize("then", ["gpu", "cpu"])

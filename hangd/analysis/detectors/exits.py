@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from hangd.analysis import report
 from hangd.analysis.detectors import Env
+from hangd.analysis.facts import job as job_facts
 from hangd.analysis.views import JobView
 from hangd.incidents import Family, Incident, IncidentKind
 
@@ -41,11 +42,15 @@ def step(env: Env, jv: JobView) -> Incident | None:
         return inc
     new_exits = {p: at for p, at in tr.exited.items() if p not in tr.exits_reported}
     if not new_exits:
+        if inc is not None:
+            _newer_stacks(env, jv, inc)
         return inc
     first_exit = min(new_exits.values())
     # every rank left waits for a peer since the exit: for the one that left, whatever the grace
     all_wait = bool(jv.live) and jv.waiting >= set(jv.live) and tr.episode is not None \
         and t - max(first_exit, tr.episode_start) >= th.rank_exit_wait_s
+    # ... or every rank left has been still since the exit, waiting or asleep, for as long
+    all_wait = all_wait or (t - first_exit >= th.rank_exit_wait_s and job_facts.still_since(jv, first_exit, th.window_s)[0])
     if t - _settled(jv, first_exit) < th.rank_exit_grace_s and not all_wait:
         return inc
     # progressed after the exit (past one window) and now not waiting on a peer: it went on alone
@@ -78,3 +83,17 @@ def step(env: Env, jv: JobView) -> Incident | None:
             inc.evidence["logs"][str(job.ranks[p])] = tail
     env.book.touch(inc, t, f"rank {', '.join(str(job.ranks[p]) for p in exited)} exited")
     return inc
+
+
+def _newer_stacks(env: Env, jv: JobView, inc: Incident) -> None:
+    """A stack of a rank left that came after the incident opened (the exit is judged on stillness,
+    before any stack need come): where it waits for the one that left, in the incident too."""
+    stacks = inc.evidence.setdefault("stacks", {})
+    for p in jv.live:
+        tp = env.tracks.get(p)
+        if tp is None or tp.verdict_t is None:
+            continue
+        r = str(jv.job.ranks[p])
+        if (stacks.get(r) or {}).get("t", 0) < tp.verdict_t and (st := report.stack_brief(env.view, tp, p)):
+            stacks[r] = st
+

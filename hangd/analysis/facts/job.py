@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
+from hangd.analysis.model import Local
 from hangd.analysis.progress import Progress
 from hangd.analysis.signals import ProcSignals
 from hangd.analysis.thresholds import Thresholds
@@ -117,3 +118,18 @@ def caught_completing(p: Progress, th: Thresholds) -> bool:
         return p.collectives_at is not None
     gap = max(th.window_s, 3.0 / p.collectives_per_s) if p.collectives_per_s else th.window_s
     return p.collectives_seen_at - p.collectives_at <= gap
+
+
+def still_since(jv: JobView, at: float, window_s: float) -> tuple[bool, str]:
+    """Every rank left has done nothing since ``at`` (a peer's exit): none progressed after it (past
+    one window, whose rates still show what came before), and each reads a wait for a peer or
+    silence (asleep, nothing moving: a wait no stack has shown yet). What a rank killed mid-step
+    leaves: its peers block in the collective or the store it never joins, and no stack need come
+    before they give up."""
+    if not jv.live or (jv.last_strong is not None and jv.last_strong > at + window_s):
+        return False, ""
+    if any(not (r.local.waits_for_peer or r.local == Local.QUIET) for p in jv.live if (r := jv.readings.get(p)) is not None) \
+            or any(p not in jv.readings for p in jv.live):
+        return False, ""
+    return True, f"no rank left has progressed since, each waits or sleeps ({jv.t - at:.0f} s)"
+
