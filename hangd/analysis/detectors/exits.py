@@ -96,4 +96,3 @@ def _newer_stacks(env: Env, jv: JobView, inc: Incident) -> None:
         r = str(jv.job.ranks[p])
         if (stacks.get(r) or {}).get("t", 0) < tp.verdict_t and (st := report.stack_brief(env.view, tp, p)):
             stacks[r] = st
-

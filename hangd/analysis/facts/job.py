@@ -128,8 +128,7 @@ def still_since(jv: JobView, at: float, window_s: float) -> tuple[bool, str]:
     before they give up."""
     if not jv.live or (jv.last_strong is not None and jv.last_strong > at + window_s):
         return False, ""
-    if any(not (r.local.waits_for_peer or r.local == Local.QUIET) for p in jv.live if (r := jv.readings.get(p)) is not None) \
-            or any(p not in jv.readings for p in jv.live):
+    if not all(jv.readings[p].local.waits_for_peer or jv.readings[p].local == Local.QUIET for p in jv.live):
         return False, ""
     return True, f"no rank left has progressed since, each waits or sleeps ({jv.t - at:.0f} s)"
 
