@@ -293,6 +293,17 @@ def still_for(env: Env, pid: int, t: float) -> float | None:
     return t - since if since is not None and since < last_t else None
 
 
+def _moved_at(env: Env, pid: int, t: float, still_s: float | None) -> float:
+    """When a worker last moved: now if it runs (a wake-up shows in its switches only once it
+    sleeps again), else its main thread's last wake-up (kept however long ago), else its CPU
+    time's last change within the readings kept."""
+    h = env.view.procs[pid]
+    lp = h.latest()
+    if lp is not None and lp.state == "R":
+        return t
+    return h.woke_at if h.woke_at is not None else t - (still_s or 0.0)
+
+
 def waits_on(env: Env, pid: int, jv: JobView) -> tuple[rankstate.WaitsOn, str]:
     """What it waits on, and for a worker of its own which one and what that one does."""
     W = rankstate.WaitsOn
@@ -320,14 +331,7 @@ def waits_on(env: Env, pid: int, jv: JobView) -> tuple[rankstate.WaitsOn, str]:
         if not kids:
             return W.OWN_WORKER, "a thread of its own"
         still = {c: still_for(env, c, jv.t) for c in kids}
-
-        def moved_at(c: int) -> float:
-            """When it last moved: its main thread's last wake-up (kept however long ago), else
-            its CPU time's last change within the readings kept."""
-            woke = env.view.procs[c].woke_at
-            return woke if woke is not None else jv.t - (still[c] or 0.0)
-
-        kids.sort(key=lambda c: (env.view.cpu_works(c, jv.t), moved_at(c)))
+        kids.sort(key=lambda c: (env.view.cpu_works(c, jv.t), _moved_at(env, c, jv.t, still[c])))
         words = []
         for c in kids[:3]:
             lp = env.view.procs[c].latest()

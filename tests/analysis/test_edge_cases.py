@@ -961,6 +961,22 @@ def test_the_worker_blocked_longest_is_named_first_long_after_the_readings_kept(
     assert "its DataLoader workers pid 23 (sleeping in futex_wait_queue" in _reason(node, 11), _reason(node, 11)
 
 
+@pytest.mark.parametrize("blocked_first", [True, False])
+def test_a_worker_caught_running_has_moved_now_and_the_blocked_one_is_named_first(blocked_first):
+    # an idle worker wakes from its 5 s queue read and is caught on the CPU: its switch count
+    # changes only when it sleeps again, so its last switch says nothing of now; the worker
+    # blocked in its __getitem__ is named first whether it was forked first or last
+    blocked = P(21 if blocked_first else 22, 11, wchan="futex_wait_queue")
+    idle = P(22 if blocked_first else 21, 11, state="R", wchan="0")
+    node = Node([P(10, 1), P(11, 10, torchrun_env(0, 1), gpu=0), *sorted([blocked, idle], key=lambda p: p.pid)])
+    node.run(3)
+    node.stack(11, [("torch/utils/data/dataloader.py", "_next_data"), ("train.py", "step")])
+    node.run(4)
+    reason = _reason(node, 11)
+    assert f"its DataLoader workers pid {blocked.pid} (sleeping in futex_wait_queue" in reason, reason
+    assert f"pid {idle.pid} (state R)" in reason, reason
+
+
 def test_collectives_that_keep_completing_with_a_rank_that_polls_are_an_idle_server():
     # rank 0 sleeps between polls of an empty queue; rank 1 sits in the broadcast of each empty batch
     node = Node([P(10, 1), P(11, 10, torchrun_env(0, 2), gpu=0, wchan="hrtimer_nanosleep"),
