@@ -389,7 +389,7 @@ def record(c: dict[str, str], out: Path) -> dict[str, Any]:
                            f"{c['wait']} JOBDIR" + (f" --world-size {size}" if size != 2 else "")})
     (d / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
     (d / "truth.jsonl").write_text("".join(json.dumps(x) + "\n" for x in final))
-    exp = expect(c, final, worker_pid)
+    exp = expect(c, final, worker_pid, gpus_idle=gpus_idle_while_hung(d, final))
     (d / "expect.json").write_text(json.dumps(exp, indent=1) + "\n")
     gzip_trace(d)
     launcher_log = (job / "launcher.log").read_text(errors="replace")[-3000:]
@@ -524,12 +524,37 @@ def finish_truth(truth: list[dict[str, Any]], actions: list[dict[str, Any]], gon
     return out
 
 
-def expect(c: dict[str, str], truth: list[dict[str, Any]], worker_pid: int | None) -> dict[str, Any]:
+def gpus_idle_while_hung(d: Path, truth: list[dict[str, Any]]) -> bool:
+    """Every GPU reading the cell recorded from the first rank hung on shows no kernel (utilization
+    under the 10% a kernel resident for a tenth of the sampling period gives): the collective the
+    ranks block in never reached a GPU (a communicator still being set up, waiting in its bootstrap
+    for the rank that never came). By docs/operator-guide.md's definitions that hang is host-side."""
+    hung = [x["t"] for x in truth if x["state"] == "hung"]
+    if not hung:
+        return False
+    path = d / "trace.jsonl"
+    f: Any = open(path) if path.exists() else gzip.open(d / "trace.jsonl.gz", "rt")
+    seen = False
+    with f:
+        for line in f:
+            if '"kind":"gpu"' not in line.replace(" ", ""):
+                continue
+            ev = json.loads(line)
+            if ev.get("kind") != "gpu" or ev["t"] < min(hung):
+                continue
+            seen = True
+            if (ev.get("util_gpu") or 0) >= 10:
+                return False
+    return seen
+
+
+def expect(c: dict[str, str], truth: list[dict[str, Any]], worker_pid: int | None,
+           gpus_idle: bool = False, gpu: bool | None = None) -> dict[str, Any]:
     """What a good diagnosis of the cell must contain (the keys of h200x2-more/README.md)."""
     hung = [x for x in truth if x["state"] == "hung"]
     last = {x["pid"]: x["state"] for x in truth}
     e: dict[str, Any] = {"hang": bool(hung) and "hung" in last.values()}
-    gpu = os.environ.get("MATRIX_DEVICE") == "cuda"
+    gpu = os.environ.get("MATRIX_DEVICE") == "cuda" if gpu is None else gpu
     left = any(x["phase"] in ("hung:peer_gone",) for x in truth)
     if hung and not e["hang"] and not left:
         # a rank stalled for seconds, then crashed: the job failed, it does not hang
@@ -542,7 +567,7 @@ def expect(c: dict[str, str], truth: list[dict[str, Any]], worker_pid: int | Non
         # a peer left, and the others waited for it (until they crashed too): the one that left first
         e["hang"] = True
         e["incident_kind"] = "rank_exited"
-    elif gpu:
+    elif gpu and not gpus_idle:
         e["incident_kind"] = "nccl_stall"  # a peer spins in an NCCL collective
     else:
         e["incident_kind"] = "host_stall"
@@ -672,6 +697,23 @@ def write_gaps() -> None:
     print(f"{len(gaps)} cells below the bar or missing an expectation: {GAPS_FILE}")
 
 
+def rekind(root: Path) -> None:
+    """Each recorded cell's expect.json made anew by ``expect`` from its axes, its truth and its
+    GPU readings (the worker pid it names is kept): the cells recorded before a rule of ``expect``."""
+    for d in sorted(p.parent for p in root.glob("*/expect.json")):
+        meta = json.loads((d / "meta.json").read_text())
+        if meta.get("driver") != "scripts/matrix.py":
+            continue
+        old = json.loads((d / "expect.json").read_text())
+        truth = [json.loads(x) for x in (d / "truth.jsonl").read_text().splitlines() if x.strip()]
+        new = expect(meta["axes"], truth, old.get("summary_names_pid"), gpus_idle=gpus_idle_while_hung(d, truth),
+                     gpu=meta.get("device") == "cuda")
+        if new != old:
+            (d / "expect.json").write_text(json.dumps(new, indent=1) + "\n")
+            print(f"{d.name}: {old.get('incident_kind')} -> {new.get('incident_kind')}"
+                  + ("" if {**old, "incident_kind": None} == {**new, "incident_kind": None} else f" ({old} -> {new})"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--list", action="store_true")
@@ -684,7 +726,12 @@ def main() -> None:
     ap.add_argument("--md", default="", help="with --score: also write the report to this file")
     ap.add_argument("--gaps", action="store_true",
                     help=f"write {GAPS_FILE.relative_to(ROOT)}: each cell's accuracy and missed expectations now")
+    ap.add_argument("--rekind", metavar="DIR", default=None,
+                    help="rewrite the expect.json of the recorded cells under DIR from their truth and GPU readings")
     a = ap.parse_args()
+    if a.rekind:
+        rekind(Path(a.rekind))
+        return
     if a.gaps:
         write_gaps()
         return

@@ -43,6 +43,10 @@ class GpuSignals:
     def active(self, th: Thresholds) -> bool:
         return (self.util or 0) >= th.gpu_active_util_pct or self.works(th)
 
+    def idle(self, th: Thresholds) -> bool:
+        """Read, and no kernel runs: below the active mark, no work and no spin over the window."""
+        return self.util is not None and not self.active(th) and self.spin_frac == 0
+
     def brief(self) -> dict[str, Any]:
         return {k: (round(v, 1) if isinstance(v, float) else v) for k, v in self.__dict__.items() if v is not None}
 

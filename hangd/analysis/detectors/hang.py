@@ -59,9 +59,11 @@ def decide(env: Env, jv: JobView) -> IncidentKind | None:
         return None  # every rank is in the collective: slow, or stalled in the transport, not yet told
     if spinning and jv.quiet >= th.hang_gpu_s:
         return IncidentKind.NCCL_STALL
-    # ranks blocked in a collective of an NCCL process group: an NCCL stall, whether or not their
-    # GPU shows the kernel spinning (two ranks sharing a GPU, a collective not yet launched)
-    host = IncidentKind.NCCL_STALL if spinning or any(_in_nccl(env, p) for p in waiting) else IncidentKind.HOST_STALL
+    # ranks blocked in a collective of an NCCL process group with kernels on their GPU: an NCCL
+    # stall, whether or not the GPU shows the kernel spinning (ranks sharing a GPU). With their GPUs
+    # idle the collective never reached them (a CPU group's broadcast, a communicator still being
+    # set up): blocked host-side
+    host = IncidentKind.NCCL_STALL if spinning or any(_in_nccl(env, jv, p) for p in waiting) else IncidentKind.HOST_STALL
     if stopped and jv.quiet >= th.hang_stopped_s and (waiting or jv.job.distributed):
         return host
     # an exception in the job's logs as it went still (a worker thread that died, a shape mismatch),
@@ -136,12 +138,14 @@ def _exception_as_it_stopped(env: Env, jv: JobView) -> bool:
     return report.exception_as_it_stopped(env.view, jv.job, jv.last_progress, env.th.window_s)
 
 
-def _in_nccl(env: Env, pid: int) -> bool:
-    """Its stack is in a collective and its process group runs NCCL's threads."""
+def _in_nccl(env: Env, jv: JobView, pid: int) -> bool:
+    """Its stack is in a collective, its process group runs NCCL's threads, and its GPU is not idle."""
     h = env.view.procs.get(pid)
     lp = h.latest() if h is not None else None
+    s = jv.sigs[pid]
     return _stack_in_collective(env, pid) and env.tracks[pid].verdict.kind == "collective" and lp is not None \
-        and any(n.startswith(("pt_nccl", "NCCL ", "ncclProxy")) for n in lp.dist_threads or ())
+        and any(n.startswith(("pt_nccl", "NCCL ", "ncclProxy")) for n in lp.dist_threads or ()) \
+        and not (s.gpu_indexes and s.gpu.idle(env.th))
 
 
 def step(env: Env, jv: JobView, blocked_by_exit: bool) -> None:
