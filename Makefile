@@ -7,7 +7,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test test-fast lint bench deps clean install uninstall mutate matrix matrix-score
+.PHONY: run test test-fast lint bench deps clean install uninstall mutate mutate-sample matrix matrix-score
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -71,6 +71,10 @@ mutate: $(VENV)/.mutate-installed
 	HANGD_FUZZ_SCALE=0.1 $(BIN)/mutmut run $(MUTMUT_ARGS)
 	$(BIN)/mutmut results --all true > mutmut-results.txt || true
 	$(BIN)/python scripts/mutation_score.py mutmut-results.txt
+
+# A seeded sample of the analysis' mutants judged in one run (docs/testing.md): SAMPLE=150 SEED=2026.
+mutate-sample: $(VENV)/.mutate-installed
+	SAMPLE=$(or $(SAMPLE),150) SEED=$(or $(SEED),2026) BIN=$(BIN) bash scripts/mutate-sample.sh
 
 bench: $(VENV)/.test-installed
 	$(BIN)/python -m benchmarks.replay
