@@ -94,3 +94,43 @@ def test_peers_that_exit_within_seconds_of_the_first_are_a_job_that_ended():
         node.kill(11 + r)
     node.run(12)
     assert node.kinds() == [], [(i.kind, i.summary) for i in node.an.incidents()]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_the_incident_keeps_the_last_lines_the_rank_left_wrote_and_where_its_peers_wait(world):
+    # the OOM killer's victim logged its last step; its peers' stacks come after the incident opened
+    ranks = [P(11 + r, 10, torchrun_env(r, world), gpu=r, look="work", state="R", wchan="0", cpu_ticks_per_s=80,
+               log=f"/job/log{r}") for r in range(world)]
+    node = Node([P(10, 1, cmdline=["python", "launch.py"]), *ranks])
+    culprit = world - 1
+    for r in range(world):
+        node.write_log(f"/job/log{r}", f"[rank {r}] step 41 loss 0.25\n")
+    node.run(6)
+    node.write_log(f"/job/log{culprit}", f"[rank {culprit}] step 42: allocating 18.0 GiB for the activations\n")
+    node.run(1)
+    _kill_and_wait(node, world, culprit, "asleep", False, True)
+    node.run(5)
+    (inc,) = node.an.incidents()
+    assert inc.kind == "rank_exited" and inc.culprit_ranks == [culprit], inc.summary
+    assert "allocating 18.0 GiB" in " ".join(inc.evidence["logs"][str(culprit)]), inc.evidence["logs"]
+    assert not inc.evidence.get("stacks"), inc.evidence.get("stacks")  # none came before it opened
+    node.stack(11, BACKWARD)
+    node.run(1)
+    (inc,) = node.an.incidents()
+    assert "_engine_run_backward" in str(inc.evidence["stacks"]["0"]), inc.evidence["stacks"]
+
+
+@pytest.mark.parametrize("world", [2, 8])
+def test_peers_spinning_for_a_rank_that_left_are_one_incident_until_they_work_again(world):
+    # the peers spin in the collective the killed rank never joins: the hang is the exit's, one
+    # rank_exited and no nccl_stall beside it; when they work again (an elastic restart of the rank
+    # with the same processes) nothing more opens
+    node = _job(world, True)
+    _kill_and_wait(node, world, world - 1, "spins", False, True)
+    node.run(30)
+    assert node.kinds() == ["rank_exited"], [(i.kind, i.summary) for i in node.an.incidents()]
+    for r in range(world - 1):
+        p = node.procs[11 + r]
+        p.look, p.state, p.wchan, p.cpu_ticks_per_s = "work", "R", "0", 80
+    node.run(15)
+    assert node.kinds() == ["rank_exited"], [(i.kind, i.summary) for i in node.an.incidents()]

@@ -152,6 +152,9 @@ def test_a_capture_the_log_said_ended_is_not_what_a_wait_keeps():
     node2.run(6)
     assert {node2.state(r.pid) for r in ranks} <= {"busy", "waiting_peer"}, \
         [(node2.state(r.pid), node2.an._track(r.pid).reason) for r in ranks]
+    # the rank whose log said so is named, whichever rank's state says it
+    assert any("rank 0's log said its CUDA graph capture ended" in node2.an._track(r.pid).reason for r in ranks), \
+        [node2.an._track(r.pid).reason for r in ranks]
 
 
 def _probes(node: Node) -> list[tuple[float, list[int]]]:

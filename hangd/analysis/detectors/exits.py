@@ -77,10 +77,6 @@ def step(env: Env, jv: JobView) -> Incident | None:
     inc.evidence = report.evidence(env.view, env.tracks, job, jv.sigs, t - first_exit)
     if exc:
         inc.evidence["exceptions"] = exc[-5:]
-    for p in exited:
-        tail = report.log_tails(env.view, p)
-        if tail:
-            inc.evidence["logs"][str(job.ranks[p])] = tail
     env.book.touch(inc, t, f"rank {', '.join(str(job.ranks[p]) for p in exited)} exited")
     return inc
 
