@@ -34,6 +34,8 @@ _LAUNCHED = re.compile(r"Rank (\d+) has launched up to operation (\d+) -- GPU (\
 _MISSING = re.compile(r"Missing communicator data from (\d+) ranks? -- GPU (\d+) managed by process (\d+)")
 _STATUS = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+([A-Z_]+)\s+([A-Z_]+)?\s*$", re.M)
 _OPCOUNT = re.compile(r"different (\w+) operation counts")
+# the count several ranks share (NCCL prints the one rank of a count of its own on its line instead)
+_SHARED = re.compile(r"(\d+) ranks have launched up to operation (\d+)")
 
 
 @dataclass
@@ -46,6 +48,7 @@ class RasStatus:
     op: str | None = None  # the collective whose counts differ (AllReduce, ...)
     missing: list[dict[str, int]] = field(default_factory=list)  # {"ranks", "gpu", "pid"}
     collectives: list[str] = field(default_factory=list)  # the collective of each block of counts
+    shared: list[dict[str, int]] = field(default_factory=list)  # {"ranks", "op", "block"}: counts several ranks share
 
     def words(self) -> str:
         """What each rank launched, in words ("NCCL RAS: rank 0 (pid 7) launched up to AllReduce #9; ...")."""
@@ -59,7 +62,10 @@ class RasStatus:
         for block in sorted({x.get("block", 0) for x in self.launched}):  # one block where no "block" is given
             rows = [x for x in self.launched if x.get("block", 0) == block]
             top = max(x["op"] for x in rows)
-            out += [x for x in rows if x["op"] < top and x["pid"] not in {y["pid"] for y in out}]
+            # a count several ranks share: a rank more than one operation below it is behind them
+            # (a spread of one is RAS sampling ranks that launch as it asks: healthy jobs show it)
+            shared = max((x["op"] for x in self.shared if x.get("block", 0) == block), default=top)
+            out += [x for x in rows if (x["op"] < top or x["op"] < shared - 1) and x["pid"] not in {y["pid"] for y in out}]
         return out
 
     def pids(self) -> set[int]:
@@ -98,6 +104,11 @@ def parse_ras_text(text: str) -> RasStatus:
         if len(heads) > 1:  # which block, and of which collective, only where there are several
             entry["block"] = block
         st.launched.append(entry)
+    for m in _SHARED.finditer(text):
+        entry = {"ranks": int(m.group(1)), "op": int(m.group(2))}
+        if len(heads) > 1:
+            entry["block"] = sum(1 for at, _ in heads if at < m.start()) - 1
+        st.shared.append(entry)
     st.collectives = [name for _, name in heads]
     st.op = heads[0][1] if heads else None
     for m in _MISSING.finditer(text):

@@ -111,3 +111,37 @@ def test_the_rank_ras_counts_behind_is_the_culprit_where_the_stacks_cannot_tell(
     (inc,) = [i for i in an.book.all if i.kind == "nccl_stall"]
     assert inc.culprit_ranks == [1], inc.summary
     assert "rank 1 (pid" in inc.summary and "is behind the others (NCCL RAS: " in inc.summary
+
+
+def _mismatch(*lines: str) -> str:
+    return ("#0-0 (a47557d5b3a9046e) MISMATCH\n  Communicator ranks have different AllReduce operation counts\n"
+            + "".join(f"  {x}\n" for x in lines))
+
+
+def _row(rank: int, op: int | None, pid: int) -> str:
+    launched = f" has launched up to operation {op}" if op is not None else ""
+    return f"Rank {rank}{launched} -- GPU 0 managed by process {pid} on node 127.0.0.1"
+
+
+def test_a_rank_far_behind_a_count_several_ranks_share_is_behind():
+    # NCCL prints "N ranks have launched up to operation X" for a count several ranks share, and a
+    # rank of a count of its own on its line: eight ranks on one GPU (matrix-gpu
+    # mpargv-warmup-stuck-socket_recv-w8), rank 7 stuck in its own code 95 all-reduces back while
+    # the others' launches queue up
+    st = parse_ras_text(_mismatch("4 ranks have launched up to operation 215", "3 ranks have launched up to operation 216",
+                                  _row(0, None, 1910), _row(1, None, 1911), _row(6, None, 1916), _row(7, 121, 1917)))
+    assert [(x["rank"], x["pid"]) for x in st.behind()] == [(7, 1917)]
+    assert st.shared == [{"ranks": 4, "op": 215}, {"ranks": 3, "op": 216}]
+    # four ranks, seven: the same however many share the count
+    st = parse_ras_text(_mismatch("7 ranks have launched up to operation 167", _row(7, 121, 1269)))
+    assert [x["rank"] for x in st.behind()] == [7]
+
+
+def test_a_spread_of_one_operation_against_a_shared_count_names_no_one():
+    # RAS samples ranks that launch as it asks: a healthy eight-rank warm-up shows two ranks one
+    # broadcast behind six (matrix-gpu mpargv-warmup-none-w8), and a rank one ahead is no culprit
+    healthy = _mismatch("6 ranks have launched up to operation 175", "2 ranks have launched up to operation 174",
+                        _row(0, None, 890), _row(7, None, 897))
+    assert parse_ras_text(healthy).behind() == []
+    assert parse_ras_text(_mismatch("3 ranks have launched up to operation 97", _row(3, 96, 1744))).behind() == []
+    assert parse_ras_text(_mismatch("7 ranks have launched up to operation 192", _row(7, 193, 2177))).behind() == []
