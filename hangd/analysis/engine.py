@@ -5,6 +5,8 @@ their own modules:
 
     identity   which processes form which job, and each one's rank
     progress   which signal moved, and whose it is
+    history    what the facts of setting up need from earlier ticks (quiet since, working since,
+               GPU memory marks), kept before the facts read them
     facts      what each record of evidence says (pure functions, one module a family)
     rankstate  the reading and the state: tables of those facts
     detectors  one module per incident family
@@ -26,6 +28,7 @@ from hangd.analysis import (
     frjobs,
     gather,
     hardware,
+    history,
     otherend,
     rankstate,
     report,
@@ -432,6 +435,7 @@ class Analyzer:
     def _states(self, jv: JobView, orphans: set[int]) -> list[StateChange]:
         """Each rank's reported state: its evidence record, decided by ``rankstate``'s table."""
         job, tr, t, live = jv.job, jv.track, jv.t, jv.live
+        history.remember(self.env, jv)
         facts = gather.job_facts(self.env, jv)
         changes = []
         for pid in live:

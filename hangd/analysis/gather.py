@@ -1,9 +1,8 @@
 """The evidence record of each rank (what ``rankstate.decide`` judges), gathered from the engine's
 views at one tick: what each source says moved, what the rank waits on, what its job says.
 
-These read the analyzer's state (its node view, progress book, tracks and incidents) and change
-only the small per-process bookkeeping that setting up needs (since when it has been quiet or
-working); they decide nothing themselves.
+These read the analyzer's state (its node view, progress book, tracks and incidents), and the
+marks of setting up that ``history`` keeps; they decide nothing themselves.
 """
 
 from __future__ import annotations
@@ -11,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 from typing import Any
 
-from hangd.analysis import otherend, rankstate, stackcat
+from hangd.analysis import history, otherend, rankstate, stackcat
 from hangd.analysis.detectors import Env, hang, orphan
 from hangd.analysis.facts import io
 from hangd.analysis.facts import job as job_facts_mod
@@ -365,13 +364,8 @@ def first_evidence(env: Env, pid: int, jv: JobView) -> bool:
     s = jv.sigs[pid]
     loc = jv.readings[pid].local
     t = jv.t
-    asleep = (s.cpu_cores or 0) < th.startup_quiet_cpu_cores and s.state in ("S", "I") and loc == Local.QUIET
-    p.quiet_since = (p.quiet_since if p.quiet_since is not None else t) if asleep else None
-    working = loc in (Local.LOADING, Local.WRITING, Local.IO_WAIT, Local.CPU, Local.BUSY)
-    p.working_since = (p.working_since if p.working_since is not None else t) if working else None
-    lp = env.view.procs[pid].latest()
-    pg_up = lp is not None and bool(lp.dist_threads)
-    note_gpu_mem(env, pid, jv, pg_up)
+    working = loc in history.WORKING
+    pg_up = history.group_up(env, pid)
     if loc == Local.WAITING and store_wait(env, pid):
         return False  # the rendezvous of its start-up: still setting up (a hang says itself)
     if loc == Local.COMPILING and p.verdict.kind == "compile_setup" and not s.compile_children and not pg_up:
@@ -417,19 +411,6 @@ def own_cpu_before_nccl(env: Env, pid: int, jv: JobView) -> bool:
     held_since, held = p.gpu_mem_mark
     return held > 0 and t - held_since >= th.startup_work_s and loc in (Local.CPU, Local.BUSY) \
         and t - p.working_since >= th.startup_work_s
-
-
-def note_gpu_mem(env: Env, pid: int, jv: JobView, pg_up: bool) -> None:
-    """The bookkeeping of ``own_cpu_before_nccl``: since when a GPU rank has held about the GPU
-    memory it holds, what it held when its process group came up, and whether it grew since."""
-    p, s, grew = env.track(pid), jv.sigs[pid], env.th.startup_gpu_mem_grew_bytes
-    if not s.gpu_indexes:
-        return
-    if p.gpu_mem_mark is None or abs(s.gpu_mem - p.gpu_mem_mark[1]) > grew:
-        p.gpu_mem_mark = (jv.t, s.gpu_mem)
-    if pg_up:
-        p.pg_up_mem = s.gpu_mem if p.pg_up_mem is None else p.pg_up_mem
-        p.pg_mem_grew = p.pg_mem_grew or s.gpu_mem > p.pg_up_mem + grew
 
 
 def name_workers(env: Env, jv: JobView) -> None:

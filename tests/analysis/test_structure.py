@@ -134,3 +134,30 @@ def test_the_checks_see_a_circle_an_analyzer_and_a_long_function(tmp_path):
     assert circles(imports(mods)) == [["pkg.a", "pkg.b"], ["pkg.c", "pkg.d"]]
     assert [x.split(" ")[1] for x in takes_analyzer(mods)] == ["g"]
     assert [x.split(" ")[1] for x in too_long(mods)] == ["long:"]
+
+
+# What the facts of setting up read from earlier ticks: written by the history stage alone
+SETUP_MARKS = {"quiet_since", "working_since", "gpu_mem_mark", "pg_up_mem", "pg_mem_grew"}
+
+
+def mark_writers(mods: dict[str, Path]) -> dict[str, set[str]]:
+    """module -> the setting-up marks it assigns (``x.quiet_since = ...``, augmented or not)."""
+    out: dict[str, set[str]] = {}
+    for mod, p in mods.items():
+        for n in ast.walk(ast.parse(p.read_text(), str(p))):
+            targets = n.targets if isinstance(n, ast.Assign) else [n.target] if isinstance(n, ast.AugAssign | ast.AnnAssign) else []
+            for tg in targets:
+                for t in ast.walk(tg):
+                    if isinstance(t, ast.Attribute) and t.attr in SETUP_MARKS:
+                        out.setdefault(mod, set()).add(t.attr)
+    return out
+
+
+def test_only_the_history_stage_writes_the_marks_of_setting_up():
+    assert set(mark_writers(modules())) == {"hangd.analysis.history"}, mark_writers(modules())
+
+
+def test_the_history_check_sees_a_write_elsewhere(tmp_path):
+    (tmp_path / "a.py").write_text("def f(p):\n    p.quiet_since, p.x = 1.0, 2\n")
+    (tmp_path / "b.py").write_text("def g(p):\n    return p.quiet_since\n")
+    assert mark_writers(modules(tmp_path, "pkg")) == {"pkg.a": {"quiet_since"}}
