@@ -98,17 +98,17 @@ def parse_ras_text(text: str) -> RasStatus:
     # each "different X operation counts" warning opens a block of counts of its own (a communicator
     # can differ in several collectives; a job can have several communicators)
     heads = [(m.start(), m.group(1)) for m in _OPCOUNT.finditer(text)]
-    for m in _LAUNCHED.finditer(text):
-        block = sum(1 for at, _ in heads if at < m.start()) - 1
-        entry = {"rank": int(m.group(1)), "op": int(m.group(2)), "gpu": int(m.group(3)), "pid": int(m.group(4))}
-        if len(heads) > 1:  # which block, and of which collective, only where there are several
-            entry["block"] = block
-        st.launched.append(entry)
-    for m in _SHARED.finditer(text):
-        entry = {"ranks": int(m.group(1)), "op": int(m.group(2))}
+    def blocked(entry: dict[str, int], at: int) -> dict[str, int]:
+        """Which block, and of which collective, only where there are several."""
         if len(heads) > 1:
-            entry["block"] = sum(1 for at, _ in heads if at < m.start()) - 1
-        st.shared.append(entry)
+            entry["block"] = sum(1 for h, _ in heads if h < at) - 1
+        return entry
+
+    for m in _LAUNCHED.finditer(text):
+        st.launched.append(blocked({"rank": int(m.group(1)), "op": int(m.group(2)), "gpu": int(m.group(3)),
+                                    "pid": int(m.group(4))}, m.start()))
+    for m in _SHARED.finditer(text):
+        st.shared.append(blocked({"ranks": int(m.group(1)), "op": int(m.group(2))}, m.start()))
     st.collectives = [name for _, name in heads]
     st.op = heads[0][1] if heads else None
     for m in _MISSING.finditer(text):
