@@ -163,8 +163,9 @@ def evidence(env: Env, pid: int, jv: JobView, facts: dict[str, Any], orphaned: b
     peers = [w for w in waiting if w != pid and not store_wait(env, w)]
     peers_wait = ", ".join(str(job.ranks[w]) for w in jv.by_rank(peers)) \
         if peers and pid not in waiting and pid not in serving else ""
-    it_waits_for = ", ".join(str(job.ranks[o]) for o in jv.by_rank([o for o in jv.live if o != pid and o not in waiting])) \
-        if loc.waits_for_peer else ""
+    waited = jv.by_rank([o for o in jv.live if o != pid and o not in waiting]) if loc.waits_for_peer else []
+    it_waits_for = ", ".join(str(job.ranks[o]) for o in waited)
+    stopped_peers = ", ".join(str(job.ranks[o]) for o in waited if jv.readings[o].local == Local.STOPPED)
     worker_stuck = loc == Local.WORKER_WAIT and not env.view.workers_work(pid, job.ranks, t)
     job_hung = facts["hung"] or (facts["exited"] and loc not in (Local.BUSY, Local.LOADING, Local.WRITING, Local.COMPILING))
     why = rd.why
@@ -195,7 +196,7 @@ def evidence(env: Env, pid: int, jv: JobView, facts: dict[str, Any], orphaned: b
         hold=(facts["hold"] and not (pid in waiting and facts["peer_worked"])
               or (worker_stuck and jv.quiet < 2 * env.th.hang_host_s))
         and not over and not waits_for_the_gone(jv, loc),
-        peers_wait_for_it=peers_wait, it_waits_for=it_waits_for)
+        peers_wait_for_it=peers_wait, it_waits_for=it_waits_for, waits_for_stopped=stopped_peers)
 
 def store_wait(env: Env, pid: int) -> bool:
     """Its wait is on the rendezvous store (its stack or its descriptors say so), not in a collective."""

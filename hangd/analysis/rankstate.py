@@ -65,6 +65,9 @@ TABLE: tuple[Row, ...] = (
     Row("job_hung", "its job is judged hung: every rank of a hung job is hung", State.HUNG, _hung_why, all=(ev.job_hung,)),
     Row("stopped", "it is stopped by a signal (SIGSTOP, Ctrl-Z): it runs no code until continued", State.HUNG,
         lambda e: e.why + (f"; rank {e.peers_wait_for_it} wait for it" if e.peers_wait_for_it else ""), all=(ev.stopped,)),
+    Row("waits_for_stopped", "it waits in a collective for a rank that is stopped: it cannot go on until that one is "
+        "continued", State.HUNG, lambda e: f"{e.why}; rank {e.waits_for_stopped} it waits for is stopped",
+        all=(ev.waits_for_stopped,)),
     Row("idle_server", "its job serves with no request in: nobody works and every wait is for outside input "
         "or keeps ending", State.IDLE, lambda e: f"{e.idle_why}; this rank: {e.why}",
         all=(ev.idle_server,), none=(ev.works_on_its_own,)),

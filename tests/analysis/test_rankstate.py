@@ -55,6 +55,12 @@ ROWS = [
     (replace(BASE, local=Local.SPINNING, it_waits_for="1"), State.WAITING_PEER, "waits_for_peer"),
     (replace(BASE, local=Local.QUIET, peers_wait_for_it="0"), State.STRAGGLER, "holds_others_up"),
     (replace(BASE, local=Local.STOPPED, peers_wait_for_it="0"), State.HUNG, "stopped"),
+    # waiting for a stopped rank: hung at once, whichever wait (a GPU spin, a host-side wait), and
+    # ahead of a first wait's hold and of an idle server
+    (replace(BASE, local=Local.SPINNING, it_waits_for="3", waits_for_stopped="3", hold=True), State.HUNG,
+     "waits_for_stopped"),
+    (replace(BASE, local=Local.WAITING, it_waits_for="1, 3", waits_for_stopped="3", idle_server=True), State.HUNG,
+     "waits_for_stopped"),
     (replace(BASE, local=Local.WORKER_WAIT, why="its stack is waiting for a worker of its own",
              progress={"children": Moved.YES}, how={"children": "its workers pid 41, 42 work"}), State.BUSY, "workers_work"),
     (replace(BASE, local=Local.WORKER_WAIT, why="its stack is waiting for a worker of its own",

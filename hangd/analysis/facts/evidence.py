@@ -76,6 +76,7 @@ class Evidence:
     hold: bool = False  # a first wait, younger than the hang threshold and not a pattern: keep the state
     peers_wait_for_it: str = ""  # the ranks that wait for it in a collective, if any ("1, 2")
     it_waits_for: str = ""  # the ranks it waits for, if it waits in a collective ("0")
+    waits_for_stopped: str = ""  # ... those of them stopped by a signal or a debugger ("3")
 
     def moved(self, *sources: str) -> bool:
         return any(self.progress.get(s) == Moved.YES for s in sources)
@@ -107,6 +108,12 @@ def job_hung(e: Evidence) -> bool:
 def stopped(e: Evidence) -> bool:
     """It is stopped by a signal (SIGSTOP, Ctrl-Z, a debugger): it runs no code until continued."""
     return e.local == Local.STOPPED
+
+
+def waits_for_stopped(e: Evidence) -> bool:
+    """It waits in a collective for a rank that is stopped (SIGSTOP, a debugger): nothing it waits
+    for can come until that one is continued, however many ranks the job has."""
+    return bool(e.waits_for_stopped)
 
 
 def idle_server(e: Evidence) -> bool:
