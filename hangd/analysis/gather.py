@@ -120,8 +120,9 @@ def only_logged(env: Env, pid: int, jv: JobView, since: float) -> bool:
 
 def idle_server(env: Env, jv: JobView) -> tuple[bool, str]:
     """An idle server: ranks wait for one that waits for requests from outside the job, or the
-    ranks' collectives keep completing while none of them works (a scheduler polling an empty
-    queue and broadcasting empty batches many times a second)."""
+    ranks' collectives keep completing while none of them works and they carry next to no data
+    (a scheduler polling an empty queue and broadcasting empty batches many times a second; a
+    warm-up's all-reduces complete as often, with their bytes moving: ``io.moves_now``)."""
     job, live, t = jv.job, jv.live, jv.t
     waiting, serving = jv.waiting, jv.serving
     others = set(live) - waiting
@@ -137,6 +138,8 @@ def idle_server(env: Env, jv: JobView) -> tuple[bool, str]:
     work = env.progress.job_last_work(live)
     if work is not None and t - work <= env.th.stack_quiet_s:
         return False, ""  # something does work: the waits are for it
+    if any(io.moves_now(jv.sigs[p], env.th) for p in live):
+        return False, ""  # bytes move: collectives that carry data, not an idle server's empty batches
     completing = [r for p in waiting if (r := collectives_complete(env, p, jv, work)) is not None]
     if not completing:
         return False, ""

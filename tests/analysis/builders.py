@@ -55,6 +55,7 @@ class P:
     cpu_ticks_per_s: int = 0  # utime growth
     read_per_s: int = 0
     wchar_per_s: int = 0
+    file_write_per_s: int = 0  # of wchar_per_s, bytes into files: write_bytes (the disk's) moves as much
     sock_per_s: int = 0  # bytes through read calls on sockets: rchar alone moves (read_bytes is the disk's)
     vol_per_s: int = 0
     threads: int = 12
@@ -132,15 +133,17 @@ class Node:
             if p.pid in self.gone:
                 snap.procs.append(ProcSample(pid=p.pid, gone=True))
                 continue
-            c = self.counters.setdefault(p.pid, {"ticks": 0.0, "read": 0.0, "wchar": 0.0, "vol": 0.0, "sock": 0.0})
+            c = self.counters.setdefault(p.pid, {"ticks": 0.0, "read": 0.0, "wchar": 0.0, "vol": 0.0, "sock": 0.0,
+                                                  "disk_w": 0.0})
             c["ticks"] += p.cpu_ticks_per_s * dt
             c["read"] += p.read_per_s * dt
             c["sock"] += p.sock_per_s * dt
             c["wchar"] += p.wchar_per_s * dt
+            c["disk_w"] += p.file_write_per_s * dt
             c["vol"] += p.vol_per_s * dt
             snap.procs.append(ProcSample(pid=p.pid, ppid=p.ppid, comm=p.comm, state=p.state, utime=int(c["ticks"]), stime=0,
                                          threads=p.threads, wchan=p.wchan, rss_bytes=2 * GiB,
-                                         io={"read_bytes": int(c["read"]), "write_bytes": 0,
+                                         io={"read_bytes": int(c["read"]), "write_bytes": int(c["disk_w"]),
                                              "rchar": int(c["read"] + c["sock"]),
                                              "wchar": int(c["wchar"])},
                                          voluntary_ctxt_switches=int(c["vol"]), nonvoluntary_ctxt_switches=0,

@@ -139,3 +139,60 @@ def test_a_thread_streaming_while_the_main_thread_hangs_in_a_collective_is_no_wo
         node.stack(p.pid, [("torch/distributed/distributed_c10d.py", "all_reduce"), ("warmup.py", "main")])
     node.run(40)
     assert any(k in ("nccl_stall", "host_stall") for k in node.kinds()), node.kinds()
+
+
+def _fast_cpu_job(world: int, wchar: int, file_share: float = 0.0, wakes: int = 110) -> tuple[Node, list[P]]:
+    """``_cpu_job`` with the ranks sending ``wchar`` bytes a second through their write calls, the
+    share ``file_share`` of them into files (counted by the disk's ``write_bytes`` too), waking
+    ``wakes`` times a second (a completion each)."""
+    node, ranks = _cpu_job(world)
+    for p in ranks:
+        p.wchar_per_s, p.file_write_per_s, p.vol_per_s = wchar, int(wchar * file_share), wakes
+    return node, ranks
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+@pytest.mark.parametrize("rate", [21_000_000, 200_000_000])
+def test_collectives_sending_faster_than_a_writer_are_still_work(world: int, rate: int) -> None:
+    """Four gloo ranks warming up on two cores sent 21 MB/s each through their sockets (live under
+    ``hangd serve``, matrix warm-up job), above a checkpoint writer's lowest rate: read as asleep,
+    their collectives completing 110 times a second were taken for an idle server's, and rank 0 for
+    the straggler the others wait for. A host with cores to spare sends far more."""
+    node, ranks = _fast_cpu_job(world, rate)
+    node.run(20)
+    assert {node.state(p.pid) for p in ranks} == {"busy"}, [(p.pid, node.state(p.pid), node.an._track(p.pid).reason)
+                                                           for p in ranks]
+    assert node.kinds() == []
+
+
+def test_bytes_written_into_a_file_are_no_collective() -> None:
+    """The same bytes counted by the disk's counter too go into a file: a checkpoint writer, not a
+    collective sending them."""
+    node, ranks = _fast_cpu_job(2, 60_000_000, file_share=1.0, wakes=5)
+    node.run(20)
+    assert not any("through its sockets" in node.an._track(p.pid).reason for p in ranks), \
+        [(p.pid, node.state(p.pid), node.an._track(p.pid).reason) for p in ranks]
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+@pytest.mark.parametrize(("wchar", "idle"), [(200_000_000, False), (20_000_000, False), (20_000, True)])
+def test_an_idle_server_is_collectives_that_carry_next_to_no_data(world: int, wchar: int, idle: bool) -> None:
+    """Ranks 1.. in a collective that completes 110 times a second, their stacks inside it; rank 0
+    asleep between completions with no stack yet; none read as working. An idle server's empty
+    batches when next to no bytes move (1 KB each); work when the collectives carry data, in their
+    first seconds too, before the I/O window holds enough of them to read the ranks as busy (live:
+    the first seconds of four gloo ranks' warm-up, taken for an idle server), whatever the rate."""
+    node, ranks = _cpu_job(world)
+    node.run(12)  # set up, at work
+    for p in ranks:
+        p.wchar_per_s = p.vol_per_s = p.cpu_ticks_per_s = 0
+    node.run(8)  # asleep, the I/O window empty
+    for p in ranks:
+        p.wchar_per_s, p.vol_per_s, p.cpu_ticks_per_s = wchar, 110, 2
+    for p in ranks[1:]:
+        node.stack(p.pid, [("torch/distributed/distributed_c10d.py", "all_reduce"), ("serve.py", "main")],
+                   threads=["pt_gloo"])
+    node.run(2.5)
+    why = [(p.pid, node.state(p.pid), node.an._track(p.pid).reason) for p in ranks]
+    assert any("idle server" in node.an._track(p.pid).reason for p in ranks) is idle, why
+    assert node.kinds() == [], why
